@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Build and install Horovod 0.28.1 so that it works with today's PyTorch.
+#
+#   bash launch/install_horovod.sh            # uses `python` on PATH (run it inside your venv)
+#   PYTHON=.venv/bin/python bash launch/install_horovod.sh
+#
+# Why a build script: Horovod 0.28.1 is the last release, and its CMake files pin C++14,
+# while PyTorch 2.x headers need C++17. We take the PyPI sdist, set CMAKE_CXX_STANDARD to 17
+# in the two CMakeLists.txt that pin it, and build a wheel with PyTorch + Gloo (plus NCCL GPU
+# operations when torch is a CUDA build and nvcc is present). The wheel is cached under
+# $TRANSIENTVOD_CACHE (default ~/.cache/transientvod), keyed by the torch build and Python,
+# so the ~8-minute build happens once per machine; later installs take seconds.
+set -euo pipefail
+
+HOROVOD_VERSION=0.28.1
+PYTHON=${PYTHON:-python}
+CACHE=${TRANSIENTVOD_CACHE:-$HOME/.cache/transientvod}
+
+die() { echo "install_horovod: $*" >&2; exit 1; }
+say() { echo "install_horovod: $*"; }
+
+command -v "$PYTHON" >/dev/null || die "no Python at '$PYTHON'; set PYTHON to your venv's python."
+"$PYTHON" -c "import torch" 2>/dev/null \
+  || die "PyTorch is not installed for $PYTHON; install torch first (pip install torch==2.13.0)."
+
+check_build() {
+  # horovodrun --check-build lists frameworks and controllers with [X] when built in.
+  local bin out
+  bin="$(dirname "$("$PYTHON" -c 'import sys; print(sys.executable)')")/horovodrun"
+  [ -x "$bin" ] || return 1
+  out=$("$bin" --check-build 2>/dev/null) || return 1
+  grep -q '\[X\] PyTorch' <<<"$out" && grep -q '\[X\] Gloo' <<<"$out"
+}
+
+if check_build; then
+  say "Horovod with PyTorch and Gloo is already installed."
+  exit 0
+fi
+
+# The cache key: Horovod's torch extension links against one torch build and one Python.
+read -r TORCH_VERSION TORCH_CUDA PY_TAG < <("$PYTHON" -c '
+import sys, torch
+print(torch.__version__, torch.version.cuda or "cpu", "cp%d%d" % sys.version_info[:2])')
+GPU_OPS=""
+if [ "$TORCH_CUDA" != "cpu" ] && command -v nvcc >/dev/null; then
+  GPU_OPS=NCCL
+fi
+KEY="horovod-${HOROVOD_VERSION}_torch-${TORCH_VERSION}_cuda-${TORCH_CUDA}_${PY_TAG}${GPU_OPS:+_nccl}"
+WHEEL_DIR="$CACHE/wheels/$KEY"
+
+if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
+  # Check what the build needs before spending minutes on it.
+  command -v cmake >/dev/null || die "cmake is missing; install it (apt-get install cmake, or pip install cmake)."
+  command -v g++ >/dev/null || command -v c++ >/dev/null \
+    || die "no C++ compiler; install g++ (apt-get install g++)."
+  "$PYTHON" - <<'PY' || die "Python headers (Python.h) are missing; install python3-dev for this Python."
+import os, sysconfig, sys
+sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)
+PY
+
+  WORK=$(mktemp -d)
+  trap 'rm -rf "$WORK"' EXIT
+  say "downloading the horovod==$HOROVOD_VERSION sdist"
+  "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$WORK" \
+    || die "could not download the horovod $HOROVOD_VERSION sdist from PyPI; check the network or pip's index settings."
+  tar xzf "$WORK/horovod-$HOROVOD_VERSION.tar.gz" -C "$WORK"
+  SRC="$WORK/horovod-$HOROVOD_VERSION"
+  sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' \
+    "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"
+  grep -q 'CMAKE_CXX_STANDARD 14' "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt" \
+    && die "the C++17 patch did not apply; the sdist layout changed."
+
+  # Horovod's setup.py imports these at build time; --no-build-isolation means we provide them.
+  "$PYTHON" -m pip install --quiet "setuptools<81" wheel packaging psutil pyyaml cloudpickle cffi
+
+  LOG="$WORK/build.log"
+  say "building Horovod (PyTorch + Gloo${GPU_OPS:+ + NCCL}); this takes about 8 minutes on 2 cores."
+  say "full build log: $LOG (kept on failure in $CACHE/horovod-build.log)"
+  mkdir -p "$CACHE"
+  set +e
+  (
+    export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1
+    export HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
+    [ -n "$GPU_OPS" ] && export HOROVOD_GPU_OPERATIONS=$GPU_OPS
+    export MAKEFLAGS="-j$(nproc)"
+    "$PYTHON" -m pip wheel -v --no-deps --no-build-isolation -w "$WORK/dist" "$SRC"
+  ) >"$LOG" 2>&1 &
+  BUILD_PID=$!
+  # Progress: CMake prints "[ NN%] Building CXX object ..."; show the percentage as it moves.
+  last=""
+  while kill -0 "$BUILD_PID" 2>/dev/null; do
+    sleep 10
+    pct=$(grep -oE '^\[ *[0-9]+%\]' "$LOG" 2>/dev/null | tail -1 | tr -d '[ ]' || true)
+    if [ -n "$pct" ] && [ "$pct" != "$last" ]; then
+      say "build ${pct} ($(date +%H:%M:%S))"; last=$pct
+    fi
+  done
+  wait "$BUILD_PID"; rc=$?
+  set -e
+  if [ $rc -ne 0 ]; then
+    cp "$LOG" "$CACHE/horovod-build.log"
+    tail -25 "$LOG" >&2
+    die "the Horovod build failed (exit $rc); the log is in $CACHE/horovod-build.log."
+  fi
+  mkdir -p "$WHEEL_DIR"
+  cp "$WORK"/dist/horovod-*.whl "$WHEEL_DIR/"
+  say "cached the wheel in $WHEEL_DIR"
+else
+  say "using the cached wheel in $WHEEL_DIR"
+fi
+
+"$PYTHON" -m pip install --quiet --force-reinstall --no-deps "$WHEEL_DIR"/horovod-*.whl
+"$PYTHON" -m pip install --quiet "horovod==$HOROVOD_VERSION" --no-index --find-links "$WHEEL_DIR" 2>/dev/null \
+  || "$PYTHON" -m pip install --quiet cloudpickle psutil pyyaml packaging cffi
+check_build || die "Horovod installed but 'horovodrun --check-build' does not show PyTorch and Gloo; see $CACHE/horovod-build.log."
+say "Horovod $HOROVOD_VERSION is installed with PyTorch and Gloo."
