@@ -1,0 +1,96 @@
+"""Config: YAML lists only what differs; mistakes name the key and the file."""
+from pathlib import Path
+
+import pytest
+
+from transientvod.config import ConfigError, config_from_yaml, load_config, to_yaml, write_resolved
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path, text, name="job.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_defaults_then_file_then_overrides(tmp_path):
+    path = write(tmp_path, "train: {steps: 300}\nmodel: {depth: 8}\n")
+    config = load_config(path, ["train.commit_every=25", "optimizer.lr=0.2"])
+    assert config.train.steps == 300
+    assert config.model.depth == 8
+    assert config.model.width == 16  # default kept
+    assert config.train.commit_every == 25
+    assert config.optimizer.lr == 0.2
+    assert isinstance(config.optimizer.lr, float)
+
+
+def test_unknown_key_names_key_and_file(tmp_path):
+    path = write(tmp_path, "train: {stpes: 300}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert "train.stpes" in str(e.value) and str(path) in str(e.value)
+
+
+def test_unknown_section_names_it(tmp_path):
+    path = write(tmp_path, "trian: {steps: 3}\n")
+    with pytest.raises(ConfigError, match="unknown key 'trian'"):
+        load_config(path)
+
+
+def test_wrong_type_names_key_and_file(tmp_path):
+    path = write(tmp_path, "train: {steps: many}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    message = str(e.value)
+    assert "train.steps" in message and "int" in message and str(path) in message
+
+
+def test_bool_is_not_an_int(tmp_path):
+    with pytest.raises(ConfigError, match="train.steps"):
+        load_config(write(tmp_path, "train: {steps: true}\n"))
+
+
+def test_missing_file_is_one_sentence(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_invalid_yaml_names_the_line(tmp_path):
+    with pytest.raises(ConfigError, match="line 2"):
+        load_config(write(tmp_path, "train: {steps: 3}\nmodel: depth: 8\n"))
+
+
+def test_min_np_above_max_np(tmp_path):
+    with pytest.raises(ConfigError, match="cluster.min_np is 3, more than cluster.max_np"):
+        load_config(write(tmp_path, "cluster: {min_np: 3, max_np: 2}\n"))
+
+
+def test_unknown_model_and_dataset_names():
+    with pytest.raises(ConfigError, match="model.name is 'vgg'"):
+        load_config(None, ["model.name=vgg"])
+    with pytest.raises(ConfigError, match="data.dataset is 'mnist'"):
+        load_config(None, ["data.dataset=mnist"])
+
+
+def test_checkpoint_interval_must_hold_committed_state():
+    with pytest.raises(ConfigError, match="multiple of"):
+        load_config(None, ["train.commit_every=30", "train.checkpoint_every=100"])
+
+
+def test_bad_override_syntax():
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load_config(None, ["train.steps"])
+
+
+def test_resolved_config_round_trips(tmp_path):
+    config = load_config(REPO / "configs" / "demo.yaml", ["train.steps=123"])
+    path = write_resolved(config, tmp_path)
+    again = load_config(path)
+    assert again == config
+    assert config_from_yaml(to_yaml(config), "inline") == config
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_load(path):
+    load_config(path)

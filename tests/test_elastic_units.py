@@ -1,0 +1,108 @@
+"""The learning-rate rule and the disjoint shard sampler, without a cluster.
+
+A single-process `hvd.init()` (world size 1) is real Horovod; the shard layout for other
+world sizes is computed by the same `reshard` that the reset callback calls.
+"""
+import math
+
+import horovod.torch as hvd
+import pytest
+import torch
+
+from transientvod.elastic import LearningRateRule, ShardSampler
+
+
+@pytest.fixture(scope="module", autouse=True)
+def horovod_single_process():
+    hvd.init()
+    yield
+
+
+def dataset(n):
+    return torch.utils.data.TensorDataset(torch.arange(n))
+
+
+@pytest.mark.parametrize("n, world", [(1437, 2), (1437, 3), (100, 4), (7, 2)])
+def test_shards_are_disjoint_and_cover_all_but_the_remainder(n, world):
+    sampler = ShardSampler(dataset(n), shuffle=True, seed=3)
+    shards = []
+    for rank in range(world):
+        sampler.reshard(world, rank)
+        shards.append(list(iter(sampler)))
+    assert len({len(s) for s in shards}) == 1, "every rank must run the same number of batches"
+    seen = [i for s in shards for i in s]
+    assert len(seen) == len(set(seen)), "shards overlap"
+    assert n - len(seen) < world, "more than the remainder was dropped"
+
+
+def test_reshard_after_progress_covers_only_the_rest():
+    sampler = ShardSampler(dataset(200), shuffle=True, seed=0)
+    sampler.reshard(2, 0)
+    first_half = set(list(iter(sampler))[:25])
+    sampler.reshard(2, 1)
+    first_half |= set(list(iter(sampler))[:25])
+    sampler.record_batch(0, 25)  # both ranks processed 25 samples
+    rest = set()
+    for rank in range(3):  # the cluster grew to 3 mid-epoch
+        sampler.reshard(3, rank)
+        rest |= set(iter(sampler))
+    assert not rest & first_half, "processed samples were handed out again"
+    assert len(rest) == 150
+
+
+def test_epochs_reshuffle():
+    sampler = ShardSampler(dataset(50), shuffle=True, seed=0)
+    sampler.reshard(1, 0)
+    first = list(iter(sampler))
+    sampler.set_epoch(1)
+    assert sorted(first) == sorted(iter(sampler)) and first != list(iter(sampler))
+
+
+def rule(**kw):
+    args = dict(base_lr=0.1, scaling="linear", warmup_steps=10, schedule="constant", total_steps=1000)
+    args.update(kw)
+    return LearningRateRule(**args)
+
+
+def test_linear_scaling_with_warmup_at_start():
+    r = rule()
+    ramp = r.start_ramp(world_size=4, step=0)
+    assert r.lr(ramp, 0) == pytest.approx(0.1)
+    assert r.lr(ramp, 5) == pytest.approx(0.1 * 2.5)
+    assert r.lr(ramp, 10) == pytest.approx(0.4)
+    assert r.lr(ramp, 500) == pytest.approx(0.4)
+
+
+def test_shrink_drops_at_once_and_growth_ramps():
+    r = rule()
+    ramp = r.start_ramp(2, 0)
+    ramp = r.resize_ramp(ramp, 1, step=100)
+    assert r.lr(ramp, 100) == pytest.approx(0.1)
+    ramp = r.resize_ramp(ramp, 2, step=200)
+    assert r.lr(ramp, 200) == pytest.approx(0.1)
+    assert r.lr(ramp, 205) == pytest.approx(0.15)
+    assert r.lr(ramp, 210) == pytest.approx(0.2)
+
+
+def test_growth_during_a_ramp_starts_from_the_current_rate():
+    r = rule()
+    ramp = r.start_ramp(2, 0)
+    ramp = r.resize_ramp(ramp, 4, step=5)  # the rate was 0.15 at step 5
+    assert r.lr(ramp, 5) == pytest.approx(0.15)
+    assert r.lr(ramp, 15) == pytest.approx(0.4)
+
+
+def test_no_scaling_and_cosine_decay():
+    r = rule(scaling="none", schedule="cosine", warmup_steps=0)
+    ramp = r.start_ramp(8, 0)
+    assert r.lr(ramp, 0) == pytest.approx(0.1)
+    assert r.lr(ramp, 500) == pytest.approx(0.05)
+    assert r.lr(ramp, 1000) == pytest.approx(0.0, abs=1e-12)
+    assert r.lr(ramp, 250) == pytest.approx(0.1 * 0.5 * (1 + math.cos(math.pi / 4)))
+
+
+@pytest.mark.parametrize("kw, match", [(dict(base_lr=0), "positive"), (dict(scaling="sqrt"), "linear"),
+                                       (dict(schedule="step"), "cosine")])
+def test_rule_rejects_bad_hyperparameters(kw, match):
+    with pytest.raises(ValueError, match=match):
+        rule(**kw)

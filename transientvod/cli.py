@@ -1,0 +1,92 @@
+"""`transientvod ...` commands.
+
+    transientvod demo                     the main job on the embedded digits data, losing and regaining a host
+    transientvod train --config FILE [--set section.key=value ...] [--discovery "COMMAND"]
+
+Errors a user can cause end in one sentence on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+from transientvod.config import Config, ConfigError, load_config
+from transientvod.launcher import LaunchError, format_summary, run_job
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEMO_CONFIG = REPO_ROOT / "configs" / "demo.yaml"
+
+
+def demo_discovery(config: Config) -> str:
+    """Both local hosts; 127.0.0.1 leaves at 30% of the steps and comes back at 60%."""
+    leave, rejoin = int(config.train.steps * 0.3), int(config.train.steps * 0.6)
+    script = REPO_ROOT / "launch" / "local_hosts.py"
+    progress = config.run_dir / "metrics.jsonl"
+    return (f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} "
+            f"--phase 0=localhost:1,127.0.0.1:1 --phase {leave}=localhost:1 "
+            f"--phase {rejoin}=localhost:1,127.0.0.1:1 --progress {shlex.quote(str(progress))}")
+
+
+def cmd_demo(args) -> int:
+    config = load_config(DEMO_CONFIG, args.set)
+    # The demo always starts from step 0: its own run directory is scratch space.
+    if config.run_dir.exists():
+        shutil.rmtree(config.run_dir)
+    print(f"transientvod demo: {config.train.steps} steps of ResNet-{config.model.depth} "
+          f"(width {config.model.width}) on scikit-learn's digits, 2 local hosts; 127.0.0.1 is "
+          f"revoked at step {int(config.train.steps * 0.3)} and returns at step {int(config.train.steps * 0.6)}.",
+          flush=True)
+    return finish(run_job(config, demo_discovery(config)))
+
+
+def cmd_train(args) -> int:
+    config = load_config(args.config, args.set)
+    return finish(run_job(config, args.discovery))
+
+
+def finish(result) -> int:
+    if result.returncode != 0 or result.summary is None:
+        print(f"transientvod: the job failed (horovodrun exit code {result.returncode}); "
+              "the worker logs above say why.", file=sys.stderr)
+        return result.returncode or 1
+    print("\ntransientvod: job finished\n" + format_summary(result.summary), flush=True)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="transientvod", description="elastic training on transient servers")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="the main job on the embedded digits data set")
+    demo.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                      help="override a config value (repeatable)")
+    demo.set_defaults(func=cmd_demo)
+    train = sub.add_parser("train", help="start an elastic job through horovodrun")
+    train.add_argument("--config", help="a YAML file listing what differs from the defaults")
+    train.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="override a config value (repeatable)")
+    train.add_argument("--discovery", help="host discovery command (default: cluster.discovery_script)")
+    train.set_defaults(func=cmd_train)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, LaunchError) as e:
+        print(f"transientvod: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # data and checkpoint errors are user-fixable too
+        from transientvod.checkpoint import CheckpointError
+        from transientvod.data import DataError
+        if isinstance(e, (DataError, CheckpointError)):
+            print(f"transientvod: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""Elastic state for transient servers: what survives a lost worker, and what follows the
+number of *active* workers after Horovod resets the job.
+
+Horovod's elastic mode (`hvd.elastic.run`) recovers from two events, and this module
+only adds bookkeeping and policy on top of its machinery:
+
+- `HostsUpdatedInterrupt`: discovery added or removed hosts. Raised at the next
+  `state.commit()`, right after the state was saved, so a graceful removal loses no steps.
+- `HorovodInternalError`: a peer died mid-collective (revoked without notice, SIGKILL).
+  Survivors `restore()` the last commit, so they lose the steps since that commit.
+
+After either, Horovod re-forms the ring and calls our reset callbacks; `TransientState`
+records what was lost and how long recovery took, the learning rate is rescaled to the new
+world size, and the sampler re-shards the rest of the epoch among the active workers.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import horovod.torch as hvd
+from horovod.common.exceptions import HostsUpdatedInterrupt
+from horovod.torch.elastic import ElasticSampler, TorchState
+
+log = logging.getLogger(__name__)
+
+
+class ShardSampler(ElasticSampler):
+    """Horovod's `ElasticSampler`, but every rank's shard is disjoint.
+
+    The parent pads the index list so it divides evenly, which makes a few samples appear on
+    two ranks. We drop the remainder instead (at most world_size - 1 samples of an epoch,
+    different ones each epoch since the order is reshuffled), so shards are disjoint, cover
+    all but that remainder, and every rank still runs the same number of batches (a rank
+    with one batch more would wait forever in its allreduce).
+    """
+
+    def reset(self):
+        self.reshard(hvd.size(), hvd.rank())
+
+    def reshard(self, num_replicas: int, rank: int) -> None:
+        """Split what is left of this epoch among `num_replicas` workers; this one is `rank`."""
+        self.num_replicas = num_replicas
+        self.rank = rank
+        order = list(range(len(self.dataset)))
+        if self.shuffle:
+            # The same seed on every rank gives every rank the same permutation.
+            import random
+            random.Random(self.seed + self.epoch).shuffle(order)
+        self.remaining_indices = order[self.processed_num:]
+        self.num_samples = len(self.remaining_indices) // num_replicas
+        self.total_size = self.num_samples * num_replicas
+
+    def __iter__(self):
+        self.indices = self.remaining_indices[self.rank:self.total_size:self.num_replicas]
+        return iter(self.indices)
+
+    def record_batch(self, batch_idx: int, batch_size: int) -> None:
+        # Every rank processed a batch of this size; the parent counts the same way.
+        self.processed_num += batch_size * self.num_replicas
+
+
+class LearningRateRule:
+    """The learning rate as a function of step and the number of active workers.
+
+    Linear scaling (Goyal et al. 2017): with n workers averaging gradients, the global batch is
+    n times larger, so the rate is n times one worker's rate. A jump to a larger rate is ramped
+    linearly over `warmup_steps` (at the start, and whenever the cluster grows); a shrinking
+    cluster drops to the smaller rate at once. On top, an optional cosine decay to 0 at `total_steps`.
+    The ramp's position lives in `TransientState` (`lr_ramp`), so a rank that joins later
+    computes the same rate as everyone else after Horovod's sync.
+    """
+
+    __slots__ = ("base_lr", "scaling", "warmup_steps", "schedule", "total_steps")
+
+    def __init__(self, base_lr: float, scaling: str, warmup_steps: int, schedule: str, total_steps: int):
+        if base_lr <= 0:
+            raise ValueError(f"base_lr is {base_lr}; a learning rate must be positive.")
+        if scaling not in ("linear", "none"):
+            raise ValueError(f"scaling is {scaling!r}; it must be 'linear' or 'none'.")
+        if schedule not in ("cosine", "constant"):
+            raise ValueError(f"schedule is {schedule!r}; it must be 'cosine' or 'constant'.")
+        self.base_lr = base_lr
+        self.scaling = scaling
+        self.warmup_steps = warmup_steps
+        self.schedule = schedule
+        self.total_steps = total_steps
+
+    def target_factor(self, world_size: int) -> float:
+        return float(world_size) if self.scaling == "linear" else 1.0
+
+    def start_ramp(self, world_size: int, step: int) -> tuple[float, float, int]:
+        """The ramp at job start: from one worker's rate to the scaled one."""
+        return (1.0, self.target_factor(world_size), step)
+
+    def resize_ramp(self, ramp: tuple[float, float, int], world_size: int, step: int) -> tuple[float, float, int]:
+        """The ramp after the cluster changed size at `step`."""
+        now = self.factor(ramp, step)
+        target = self.target_factor(world_size)
+        if target > now:
+            return (now, target, step)
+        return (target, target, step)
+
+    def factor(self, ramp: tuple[float, float, int], step: int) -> float:
+        start_factor, target, ramp_start = ramp
+        if self.warmup_steps == 0 or step >= ramp_start + self.warmup_steps:
+            return target
+        progress = max(0, step - ramp_start) / self.warmup_steps
+        return start_factor + (target - start_factor) * progress
+
+    def lr(self, ramp: tuple[float, float, int], step: int) -> float:
+        decay = 1.0
+        if self.schedule == "cosine":
+            decay = 0.5 * (1.0 + math.cos(math.pi * min(step, self.total_steps) / self.total_steps))
+        return self.base_lr * self.factor(ramp, step) * decay
+
+
+class TransientState(TorchState):
+    """`hvd.elastic.TorchState` plus what a transient cluster needs to account for.
+
+    Extra synchronized attributes (committed and broadcast like any `ObjectState` value):
+    `step`, `epoch`, `world_sizes` (every size the job has run at, in order), `revocations`
+    (resets that lost a worker), `steps_lost` (steps redone after rollbacks), and `lr_ramp`.
+    """
+
+    def __init__(self, model, optimizer, sampler, lr_rule: LearningRateRule, **kwargs):
+        super().__init__(model=model, optimizer=optimizer, sampler=sampler, epoch=0, step=0,
+                         world_sizes=[], revocations=0, steps_lost=0, lr_ramp=(1.0, 1.0, 0), **kwargs)
+        # Not synchronized: facts about this process's view of the current recovery.
+        self.lr_rule = lr_rule
+        self._interrupted_at: float | None = None
+        self._lost_now = 0
+        self._worker_failed = False
+        self.register_reset_callbacks([self._follow_active_workers])
+
+    def sync(self):
+        super().sync()
+        # Horovod's broadcast_optimizer_state gives a *new* worker's empty optimizer its state
+        # by taking one step with zero gradients, after the model was broadcast; with weight
+        # decay (or any step that moves parameters) that step leaves the new rank's parameters
+        # different from everyone else's for the rest of the run. Broadcast them once more.
+        hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+
+    # -- the two ways a recovery starts ----------------------------------------------------
+
+    def check_host_updates(self):
+        try:
+            super().check_host_updates()
+        except HostsUpdatedInterrupt:
+            # Raised right after save(): nothing is lost, only the pause is counted.
+            self._interrupted_at = time.monotonic()
+            raise
+
+    def restore(self):
+        # A peer died mid-step (HorovodInternalError): go back to the last commit.
+        steps_before = self.step
+        super().restore()
+        self._interrupted_at = time.monotonic()
+        self._lost_now = steps_before - self.step
+        self._worker_failed = True
+
+    # -- after Horovod re-formed the ring ---------------------------------------------------
+
+    def _follow_active_workers(self):
+        """Reset callback: account for the recovery, rescale the rate, re-shard the data."""
+        size = hvd.size()
+        previous = self.world_sizes[-1] if self.world_sizes else size
+        lost_worker = self._worker_failed or size < previous
+        if lost_worker:
+            self.revocations += 1
+        self.steps_lost += self._lost_now
+        if size != previous:
+            self.lr_ramp = self.lr_rule.resize_ramp(self.lr_ramp, size, self.step)
+            self.world_sizes = self.world_sizes + [size]
+        # Re-shard now: after a removal-only update Horovod skips the sync that would do it.
+        self.sampler.reset()
+        # Commit the bookkeeping: Horovod's sync (which follows unless only hosts left)
+        # broadcasts the *committed* values, which would undo what we just recorded. The rest
+        # of the state is already the last commit (restored, or saved just before the interrupt).
+        self.save()
+        took = time.monotonic() - self._interrupted_at if self._interrupted_at else 0.0
+        if hvd.rank() == 0:
+            cause = "a worker failed" if self._worker_failed else "hosts changed"
+            log.info("recovered (%s): world size %d -> %d at step %d; lost %d steps; took %.1f s; "
+                     "lr now %.5f", cause, previous, size, self.step, self._lost_now, took,
+                     self.lr_rule.lr(self.lr_ramp, self.step))
+        self._interrupted_at = None
+        self._lost_now = 0
+        self._worker_failed = False
+
+    def begin(self, resumed: bool) -> None:
+        """Set the first world size and ramp, unless a checkpoint or sync already did."""
+        if not self.world_sizes:
+            self.world_sizes = [hvd.size()]
+            self.lr_ramp = self.lr_rule.start_ramp(hvd.size(), self.step)
+        elif resumed and self.world_sizes[-1] != hvd.size():
+            self.lr_ramp = self.lr_rule.resize_ramp(self.lr_ramp, hvd.size(), self.step)
+            self.world_sizes = self.world_sizes + [hvd.size()]
+        self.save()
+
+    def current_lr(self) -> float:
+        return self.lr_rule.lr(self.lr_ramp, self.step)
+
+    # -- durable checkpoints ----------------------------------------------------------------
+
+    def checkpoint_payload(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "progress": {name: getattr(self, name) for name in
+                         ("epoch", "step", "world_sizes", "revocations", "steps_lost", "lr_ramp")},
+        }
+
+    def load_checkpoint_payload(self, payload: dict) -> None:
+        self.model.load_state_dict(payload["model"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.sampler.load_state_dict(payload["sampler"])
+        for name, value in payload["progress"].items():
+            setattr(self, name, value)
+        self.save()  # the checkpoint is now what a rollback returns to

@@ -1,0 +1,128 @@
+"""Start an elastic training job: check what the user gave, then hand it to `horovodrun`.
+
+Everything a user can get wrong (config, data, discovery script) is checked here first, so
+the mistake is one sentence on the terminal, before Horovod starts workers and before any
+checkpoint is written. The job itself runs as Horovod's own elastic driver and workers.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from transientvod.config import Config, ConfigError, write_resolved
+
+HOST_LINE = re.compile(r"^[^\s:]+:\d+$")
+
+
+class LaunchError(RuntimeError):
+    """Something the user must fix before a job can start; one sentence."""
+
+
+@dataclass
+class JobResult:
+    returncode: int
+    wall_seconds: float
+    summary: dict | None
+
+
+def check_discovery_script(command: str) -> list[str]:
+    """Run the discovery command once: it must be runnable and print `host:slots` lines."""
+    if not command.strip():
+        raise LaunchError("no host discovery script; set cluster.discovery_script or pass --discovery.")
+    argv = shlex.split(command)
+    program = argv[0]
+    if os.sep in program or os.path.exists(program):
+        if not os.path.exists(program):
+            raise LaunchError(f"the discovery script {program} does not exist; check the path.")
+        if not os.access(program, os.X_OK):
+            raise LaunchError(f"the discovery script {program} is not executable; run 'chmod +x {program}' "
+                              f"or call it through its interpreter (for example 'python {program}').")
+    elif shutil.which(program) is None:
+        raise LaunchError(f"the discovery command '{program}' is not on PATH; give its full path.")
+    for arg in argv[1:]:
+        if arg.endswith(".py") and not os.path.exists(arg):
+            raise LaunchError(f"the discovery script {arg} does not exist; check the path.")
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        raise LaunchError(f"the discovery script '{command}' did not answer within 30 s; Horovod calls it "
+                          "every second, so it must return quickly.") from None
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise LaunchError(f"the discovery script '{command}' exited with {done.returncode} ({why}); fix it first.")
+    lines = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+    bad = [line for line in lines if not HOST_LINE.match(line)]
+    if bad:
+        raise LaunchError(f"the discovery script '{command}' printed {bad[0]!r}; it must print only host:slots lines.")
+    return lines
+
+
+def horovodrun_command(config: Config, config_path: Path, discovery: str) -> list[str]:
+    c = config.cluster
+    horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    if horovodrun is None:
+        raise LaunchError("horovodrun is not installed; run 'make install' (or bash launch/install_horovod.sh).")
+    argv = [horovodrun, "-np", str(c.np or c.max_np), "--min-np", str(c.min_np), "--max-np", str(c.max_np),
+            "--host-discovery-script", discovery, "--slots-per-host", str(c.slots_per_host),
+            "--elastic-timeout", str(c.elastic_timeout), "--gloo"]
+    if c.reset_limit:
+        argv += ["--reset-limit", str(c.reset_limit)]
+    return argv + [sys.executable, "-m", "transientvod.train", "--config", str(config_path)]
+
+
+def prepare(config: Config, discovery: str | None = None) -> tuple[list[str], Path]:
+    """All checks, then the resolved config on disk; returns the horovodrun argv."""
+    discovery = discovery or config.cluster.discovery_script
+    check_discovery_script(discovery)
+    # Load the data once here: a missing directory or a broken file is reported now, not by
+    # every worker at once. (Imported late: torch is slow to import and not needed above.)
+    from transientvod.data import load_dataset
+    load_dataset(config.data, seed=config.train.seed)
+    config.cluster.discovery_script = discovery
+    try:
+        config_path = write_resolved(config, config.run_dir)
+    except OSError as e:
+        raise LaunchError(f"cannot write to the run directory {config.run_dir} ({e.strerror}); "
+                          "choose another run.output_dir.") from None
+    return horovodrun_command(config, config_path, discovery), config_path
+
+
+def run_job(config: Config, discovery: str | None = None) -> JobResult:
+    argv, _ = prepare(config, discovery)
+    summary_path = config.run_dir / "summary.json"
+    summary_path.unlink(missing_ok=True)
+    print(f"transientvod: starting {' '.join(shlex.quote(a) for a in argv)}", flush=True)
+    started = time.monotonic()
+    returncode = subprocess.call(argv)
+    wall = time.monotonic() - started
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    if summary is not None:
+        summary["wall_seconds"] = round(wall, 1)
+        summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    return JobResult(returncode, wall, summary)
+
+
+def format_summary(summary: dict) -> str:
+    rows = [
+        ("steps", summary["steps"]),
+        ("wall time", f"{summary['wall_seconds']:.1f} s"),
+        ("world sizes seen", " -> ".join(str(n) for n in summary["world_sizes_seen"])),
+        ("revocations survived", summary["revocations_survived"]),
+        ("steps lost", summary["steps_lost"]),
+        ("test accuracy", f"{100 * summary['test_accuracy']:.2f} %"),
+        ("checkpoint", summary["checkpoint"]),
+    ]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
+
+
+__all__ = ["ConfigError", "JobResult", "LaunchError", "check_discovery_script", "format_summary",
+           "horovodrun_command", "prepare", "run_job"]

@@ -1,0 +1,201 @@
+"""The worker program that `horovodrun` starts on every slot.
+
+Run it through the launcher, which resolves the config and builds the horovodrun command::
+
+    transientvod train --config configs/demo.yaml --discovery "python launch/local_hosts.py ..."
+
+or by hand, with a resolved config::
+
+    horovodrun --elastic -np 2 --min-np 1 --max-np 2 \\
+        --host-discovery-script "python launch/local_hosts.py --hosts localhost:1,127.0.0.1:1" \\
+        python -m transientvod.train --config runs/demo/config.yaml
+
+One loop with named phases: set up (data, model, optimizer, durable checkpoint), then
+`hvd.elastic.run` trains until `train.steps`, committing every `commit_every` steps (the
+point survivors roll back to, and where hosts may join or leave) and writing a durable
+checkpoint every `checkpoint_every` steps. Rank 0 speaks for the job: it writes
+`metrics.jsonl`, `events.jsonl` and, at the end, `summary.json` in the run directory.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+import horovod.torch as hvd
+
+from transientvod.checkpoint import CheckpointStore, open_store
+from transientvod.config import Config, ConfigError, load_config, to_yaml
+from transientvod.data import DataError, Dataset, load_dataset
+from transientvod.elastic import LearningRateRule, ShardSampler, TransientState
+from transientvod.models import build_model
+
+log = logging.getLogger("transientvod.train")
+
+
+def pick_device(config: Config) -> torch.device:
+    """One GPU per slot on GPU hosts; CPU otherwise."""
+    want_cuda = config.train.device == "cuda" or (config.train.device == "auto" and torch.cuda.is_available())
+    if want_cuda:
+        if not torch.cuda.is_available():
+            raise ConfigError("train.device is 'cuda' but this host has no usable CUDA device; set train.device to auto or cpu.")
+        torch.cuda.set_device(hvd.local_rank())
+        return torch.device("cuda", hvd.local_rank())
+    # Local slots share the cores: give each an equal part so they don't oversubscribe.
+    threads = config.train.threads_per_worker or max(1, (os.cpu_count() or 1) // hvd.local_size())
+    torch.set_num_threads(threads)
+    return torch.device("cpu")
+
+
+def parameter_checksum(model: torch.nn.Module) -> str:
+    """CRC32 of every parameter and buffer: equal on all ranks iff their models are equal."""
+    crc = 0
+    for tensor in model.state_dict().values():
+        crc = zlib.crc32(tensor.detach().cpu().contiguous().numpy().tobytes(), crc)
+    return f"{crc:08x}"
+
+
+class RunRecord:
+    """Append-only JSON-lines files in the run directory (metrics by rank 0, events by all)."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+
+    def append(self, name: str, row: dict) -> None:
+        # One write() per line in append mode: lines from several local ranks don't interleave.
+        with open(self.run_dir / name, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, data: Dataset, device: torch.device) -> float:
+    model.eval()
+    correct = 0
+    for start in range(0, len(data.test_y), 512):
+        x = data.test_x[start:start + 512].to(device)
+        y = data.test_y[start:start + 512].to(device)
+        correct += (model(x).argmax(dim=1) == y).sum().item()
+    model.train()
+    return correct / len(data.test_y)
+
+
+def train(config: Config) -> None:
+    # -- phase 1: set up ------------------------------------------------------------------
+    hvd.init()
+    device = pick_device(config)
+    torch.manual_seed(config.train.seed)
+    data = load_dataset(config.data, seed=config.train.seed)
+    model = build_model(config.model, data.in_channels, data.num_classes).to(device)
+    rule = LearningRateRule(config.optimizer.lr, config.optimizer.lr_scaling, config.optimizer.warmup_steps,
+                            config.optimizer.schedule, config.train.steps)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.optimizer.lr, momentum=config.optimizer.momentum,
+                                weight_decay=config.optimizer.weight_decay)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    train_set = TensorDataset(data.train_x, data.train_y)
+    sampler = ShardSampler(train_set, shuffle=True, seed=config.train.seed)
+    state = TransientState(model, optimizer, sampler, rule)
+    store = open_store(config.checkpoint_dir, keep_last=config.checkpoint.keep_last)
+    record = RunRecord(config.run_dir)
+    config_yaml = to_yaml(config)
+
+    resumed = False
+    if hvd.rank() == 0:
+        checkpoint = store.load_latest()
+        if checkpoint is not None:
+            state.load_checkpoint_payload(checkpoint.state)
+            resumed = True
+            log.info("resumed from the durable checkpoint %s at step %d", checkpoint.location, state.step)
+    state.begin(resumed)
+
+    # -- phase 2: train, elastically --------------------------------------------------------
+    @hvd.elastic.run
+    def run(state: TransientState) -> None:
+        # Here after every (re)start and sync: all ranks hold the same parameters.
+        record.append("events.jsonl", {"event": "synced", "rank": hvd.rank(), "size": hvd.size(),
+                                       "step": state.step, "checksum": parameter_checksum(state.model),
+                                       "lr": state.current_lr(), "pid": os.getpid(), "time": time.time()})
+        last_log = time.monotonic()
+        samples_since_log = 0
+        while state.step < config.train.steps:
+            loader = DataLoader(train_set, batch_size=config.data.batch_size, sampler=state.sampler)
+            for batch_index, (x, y) in enumerate(loader):
+                lr = state.current_lr()
+                for group in state.optimizer.param_groups:
+                    group["lr"] = lr
+                x, y = x.to(device), y.to(device)
+                state.optimizer.zero_grad()
+                loss = F.cross_entropy(state.model(x), y)
+                loss.backward()
+                state.optimizer.step()
+                state.sampler.record_batch(batch_index, len(y))
+                state.step += 1
+                samples_since_log += len(y) * hvd.size()
+
+                if hvd.rank() == 0 and state.step % config.train.log_every == 0:
+                    now = time.monotonic()
+                    row = {"step": state.step, "loss": round(loss.item(), 5), "lr": lr, "world_size": hvd.size(),
+                           "samples_per_s": round(samples_since_log / max(now - last_log, 1e-9), 1),
+                           "time": time.time()}
+                    record.append("metrics.jsonl", row)
+                    log.info("step %d/%d loss %.4f lr %.4f workers %d", state.step, config.train.steps,
+                             row["loss"], lr, hvd.size())
+                    last_log, samples_since_log = now, 0
+                if config.train.eval_every and state.step % config.train.eval_every == 0 and hvd.rank() == 0:
+                    record.append("metrics.jsonl", {"step": state.step, "test_accuracy": evaluate(state.model, data, device)})
+
+                if state.step % config.train.commit_every == 0 or state.step == config.train.steps:
+                    if hvd.rank() == 0 and (state.step % config.train.checkpoint_every == 0
+                                            or state.step == config.train.steps):
+                        store.save(state.step, state.checkpoint_payload(), config_yaml)
+                    state.commit()  # may raise HostsUpdatedInterrupt: the state is saved first
+                if state.step >= config.train.steps:
+                    break
+            else:
+                # The epoch ran out (on every rank at once: shards have equal length).
+                state.epoch += 1
+                state.sampler.set_epoch(state.epoch)
+
+    run(state)
+
+    # -- phase 3: report ------------------------------------------------------------------
+    if hvd.rank() == 0:
+        accuracy = evaluate(state.model, data, device)
+        summary = {
+            "steps": state.step,
+            "world_sizes_seen": state.world_sizes,
+            "revocations_survived": state.revocations,
+            "steps_lost": state.steps_lost,
+            "test_accuracy": accuracy,
+            "checkpoint": store.location,
+            "parameter_checksum": parameter_checksum(state.model),
+        }
+        (config.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        record.append("metrics.jsonl", {"step": state.step, "test_accuracy": accuracy})
+        log.info("finished %d steps; test accuracy %.4f", state.step, accuracy)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="transientvod worker (started by horovodrun on every slot)")
+    parser.add_argument("--config", required=True, help="a resolved config YAML written by the launcher")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        train(load_config(args.config))
+    except (ConfigError, DataError) as e:
+        log.error("%s", e)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
