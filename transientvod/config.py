@@ -93,6 +93,9 @@ class ClusterConfig:
     discovery_script: str = ""  # a command that prints `host:slots` lines (Horovod's contract)
     elastic_timeout: int = 60  # seconds Horovod waits for min_np workers after a change
     reset_limit: int = 0  # 0: no limit on the number of resets
+    # Horovod finds the network interface common to the hosts by probing at least two of them;
+    # name it (eth0, ens5, lo for one machine) to start a job while only one host is up.
+    network_interface: str = ""
 
 
 @dataclass

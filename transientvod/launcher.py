@@ -73,6 +73,8 @@ def horovodrun_command(config: Config, config_path: Path, discovery: str) -> lis
     argv = [horovodrun, "-np", str(c.np or c.max_np), "--min-np", str(c.min_np), "--max-np", str(c.max_np),
             "--host-discovery-script", discovery, "--slots-per-host", str(c.slots_per_host),
             "--elastic-timeout", str(c.elastic_timeout), "--gloo"]
+    if c.network_interface:
+        argv += ["--network-interface", c.network_interface]
     if c.reset_limit:
         argv += ["--reset-limit", str(c.reset_limit)]
     return argv + [sys.executable, "-m", "transientvod.train", "--config", str(config_path)]

@@ -1,0 +1,78 @@
+"""Shared pieces for tests that start real `horovodrun` jobs through the CLI."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+TRANSIENTVOD = [sys.executable, "-m", "transientvod.cli"]
+LOCAL_HOSTS = f"{sys.executable} {REPO / 'launch' / 'local_hosts.py'}"
+
+# A tiny job: ResNet-8 of width 4 on the digits, so each step takes milliseconds.
+TINY_JOB = {
+    "model": {"depth": 8, "width": 4},
+    "data": {"batch_size": 16},
+    "optimizer": {"lr": 0.05, "warmup_steps": 0, "schedule": "constant"},
+    "train": {"steps": 300, "commit_every": 10, "checkpoint_every": 50, "log_every": 10, "threads_per_worker": 1},
+    "cluster": {"min_np": 1, "max_np": 2, "elastic_timeout": 30},
+}
+
+
+class Job:
+    """One job's config file and run directory."""
+
+    def __init__(self, tmp_path: Path, name: str, **sections):
+        config = json.loads(json.dumps(TINY_JOB))
+        for section, values in sections.items():
+            config.setdefault(section, {}).update(values)
+        config["run"] = {"name": name, "output_dir": str(tmp_path / "runs")}
+        self.config = config
+        self.run_dir = tmp_path / "runs" / name
+        self.config_path = tmp_path / f"{name}.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+
+    def discovery(self, *phases: str) -> str:
+        """A local_hosts.py command whose phases follow this job's progress."""
+        args = " ".join(f"--phase {p}" for p in phases)
+        return f"{LOCAL_HOSTS} {args} --progress {self.run_dir / 'metrics.jsonl'}"
+
+    def argv(self, discovery: str) -> list[str]:
+        return TRANSIENTVOD + ["train", "--config", str(self.config_path), "--discovery", discovery]
+
+    def run(self, discovery: str, timeout: float = 180) -> subprocess.CompletedProcess:
+        return subprocess.run(self.argv(discovery), capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+    def start(self, discovery: str, log_path: Path) -> subprocess.Popen:
+        # Its own session, so a test can kill horovodrun and every worker at once.
+        log = open(log_path, "w")
+        return subprocess.Popen(self.argv(discovery), stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                start_new_session=True)
+
+    def rows(self, name: str) -> list[dict]:
+        path = self.run_dir / name
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def summary(self) -> dict:
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+    def last_step(self) -> int:
+        steps = [row["step"] for row in self.rows("metrics.jsonl")]
+        return max(steps, default=0)
+
+
+def explain(done: subprocess.CompletedProcess) -> str:
+    return f"exit {done.returncode}\n--- stdout ---\n{done.stdout[-4000:]}\n--- stderr ---\n{done.stderr[-6000:]}"
+
+
+@pytest.fixture
+def job(tmp_path):
+    return lambda name="job", **sections: Job(tmp_path, name, **sections)
+
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
