@@ -1,0 +1,100 @@
+"""Bad input through the real CLI: one sentence on stderr, exit 2, no traceback, no checkpoint."""
+from __future__ import annotations
+
+import stat
+import subprocess
+
+import pytest
+import yaml
+
+from conftest import LOCAL_HOSTS, REPO, TRANSIENTVOD
+
+GOOD_DISCOVERY = f"{LOCAL_HOSTS} --hosts localhost:1"
+
+
+def run_train(tmp_path, config: dict, discovery: str = GOOD_DISCOVERY, config_path=None):
+    config = {"run": {"name": "bad", "output_dir": str(tmp_path / "runs")}, **config}
+    if config_path is None:
+        config_path = tmp_path / "job.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+    return subprocess.run(TRANSIENTVOD + ["train", "--config", str(config_path), "--discovery", discovery],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+
+
+def assert_one_sentence(done, *fragments):
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("transientvod: ") and lines[0].endswith("."), lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def assert_nothing_written(tmp_path):
+    assert not (tmp_path / "runs" / "bad" / "checkpoints").exists()
+
+
+def test_missing_data_directory(tmp_path):
+    missing = tmp_path / "no-such-dir"
+    done = run_train(tmp_path, {"data": {"dataset": "cifar10", "root": str(missing)}})
+    assert_one_sentence(done, str(missing))
+    assert_nothing_written(tmp_path)
+
+
+def test_data_file_in_the_wrong_format(tmp_path):
+    batches = tmp_path / "cifar" / "cifar-10-batches-py"
+    batches.mkdir(parents=True)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]:
+        (batches / name).write_bytes(b"this is not a pickle")
+    done = run_train(tmp_path, {"data": {"dataset": "cifar10", "root": str(tmp_path / "cifar")}})
+    assert_one_sentence(done, "data_batch_1")
+    assert_nothing_written(tmp_path)
+
+
+def test_unknown_model_name(tmp_path):
+    done = run_train(tmp_path, {"model": {"name": "vgg16"}})
+    assert_one_sentence(done, "model.name", "vgg16", "resnet")
+    assert_nothing_written(tmp_path)
+
+
+def test_min_np_above_max_np(tmp_path):
+    done = run_train(tmp_path, {"cluster": {"min_np": 4, "max_np": 2}})
+    assert_one_sentence(done, "cluster.min_np")
+    assert_nothing_written(tmp_path)
+
+
+def test_discovery_script_not_executable(tmp_path):
+    script = tmp_path / "hosts.sh"
+    script.write_text("#!/bin/sh\necho localhost:1\n")
+    script.chmod(stat.S_IRUSR | stat.S_IWUSR)
+    done = run_train(tmp_path, {}, discovery=str(script))
+    assert_one_sentence(done, str(script), "not executable", "chmod +x")
+    assert_nothing_written(tmp_path)
+
+
+def test_discovery_script_printing_something_else(tmp_path):
+    script = tmp_path / "hosts.sh"
+    script.write_text("#!/bin/sh\necho 'hosts: localhost'\n")
+    script.chmod(0o755)
+    done = run_train(tmp_path, {}, discovery=str(script))
+    assert_one_sentence(done, "host:slots")
+    assert_nothing_written(tmp_path)
+
+
+def test_discovery_script_failing(tmp_path):
+    done = run_train(tmp_path, {}, discovery=f"{LOCAL_HOSTS} --phase nonsense")
+    assert_one_sentence(done, "exited with 2")
+    assert_nothing_written(tmp_path)
+
+
+def test_missing_config_file(tmp_path):
+    done = run_train(tmp_path, {}, config_path=tmp_path / "missing.yaml")
+    assert_one_sentence(done, "missing.yaml", "does not exist")
+
+
+@pytest.mark.parametrize("override, key", [("train.steps=-1", "train.steps"), ("train.stepz=5", "train.stepz")])
+def test_bad_override(tmp_path, override, key):
+    done = subprocess.run(TRANSIENTVOD + ["demo", "--set", override], capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    assert_one_sentence(done, key)
