@@ -90,7 +90,7 @@ PY
   last=""
   while kill -0 "$BUILD_PID" 2>/dev/null; do
     sleep 10
-    pct=$(grep -oE '^\[ *[0-9]+%\]' "$LOG" 2>/dev/null | tail -1 | tr -d '[ ]' || true)
+    pct=$(grep -oE '^ *\[ *[0-9]+%\]' "$LOG" 2>/dev/null | tail -1 | tr -d '[ ]' || true)
     if [ -n "$pct" ] && [ "$pct" != "$last" ]; then
       say "build ${pct} ($(date +%H:%M:%S))"; last=$pct
     fi

@@ -73,12 +73,14 @@ def test_host_added_mid_run_new_worker_gets_synchronized_state(job):
     assert any(r["lr"] < 2 * BASE_LR - 1e-9 for r in two), "no warm-up after growth"
 
 
-def test_worker_killed_mid_step_survivors_roll_back_and_finish(job, tmp_path):
+@pytest.mark.parametrize("victim_rank", [1, 0], ids=["worker", "rank0"])
+def test_worker_killed_mid_step_survivors_roll_back_and_finish(job, tmp_path, victim_rank):
+    # Rank 0 is no special case: the study's system died with its master; this one must not.
     j = job("sigkill", train={"steps": 600})
     proc = j.start(j.discovery(f"0={BOTH}"), tmp_path / "sigkill.log")
     try:
         wait_for(lambda: j.last_step() >= 150, 120, "step 150", proc)
-        victim = next(e for e in j.rows("events.jsonl") if e["rank"] == 1)
+        victim = next(e for e in j.rows("events.jsonl") if e["rank"] == victim_rank)
         os.kill(victim["pid"], signal.SIGKILL)
         proc.wait(timeout=180)
     finally:
