@@ -16,6 +16,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["transientvod", "transientvod.*"]),
+    # The study's public measurements, so a user with only this package can replay them.
+    package_data={"transientvod.spot": ["traces/gce-2019/*.csv", "traces/gce-2019/*.md"]},
     install_requires=[
         "torch>=2.1",
         "numpy",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -42,11 +43,23 @@ class Job:
         args = " ".join(f"--phase {p}" for p in phases)
         return f"{LOCAL_HOSTS} {args} --progress {self.run_dir / 'metrics.jsonl'}"
 
-    def argv(self, discovery: str) -> list[str]:
-        return TRANSIENTVOD + ["train", "--config", str(self.config_path), "--discovery", discovery]
+    def argv(self, discovery: str | None) -> list[str]:
+        argv = TRANSIENTVOD + ["train", "--config", str(self.config_path)]
+        return argv + ["--discovery", discovery] if discovery else argv
 
-    def run(self, discovery: str, timeout: float = 180) -> subprocess.CompletedProcess:
-        return subprocess.run(self.argv(discovery), capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    def run(self, discovery: str | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+        # Its own session: on a timeout, horovodrun and every worker are killed with it,
+        # so a hung job cannot keep loading the machine for the tests after it.
+        proc = subprocess.Popen(self.argv(discovery), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=REPO, start_new_session=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+            pytest.fail(f"the job did not finish within {timeout} s\n--- stdout ---\n{stdout[-3000:]}\n"
+                        f"--- stderr ---\n{stderr[-8000:]}")
+        return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
     def start(self, discovery: str, log_path: Path) -> subprocess.Popen:
         # Its own session, so a test can kill horovodrun and every worker at once.

@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -322,8 +323,19 @@ def test_open_store_local_path_and_file_uri(tmp_path):
     assert open_store(str(tmp_path / "b")).load_latest().step == 100
 
 
-def test_open_store_rejects_s3_for_now_and_unknown_schemes():
-    with pytest.raises(CheckpointError, match=r"^S3 checkpoint stores are not available yet; use a local directory\.$"):
+def test_open_store_s3_without_a_reachable_endpoint_and_unknown_schemes(monkeypatch):
+    # s3:// opens an S3CheckpointStore (tests/test_checkpoint_s3.py); with nothing listening
+    # at its endpoint it fails at once with a CheckpointError naming the store.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed_port = sock.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{closed_port}")
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("TRANSIENTVOD_S3_MAX_ATTEMPTS", "1")
+    with pytest.raises(CheckpointError, match=r"cannot be reached for checkpoint store s3://b/p "):
         open_store("s3://b/p")
     with pytest.raises(CheckpointError, match="ftp"):
         open_store("ftp://x")

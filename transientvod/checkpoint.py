@@ -324,7 +324,8 @@ class LocalCheckpointStore(CheckpointStore):
 
 
 def open_store(uri: str, keep_last: int = 3) -> CheckpointStore:
-    """The store at `uri`: a directory path or file:// URI. s3:// is not available yet."""
+    """The store at `uri`: a directory path, a file:// URI, or s3://bucket/prefix (an
+    S3CheckpointStore; its endpoint, region and credentials come from the environment)."""
     text = os.fspath(uri)
     if not text:
         raise CheckpointError("the checkpoint location is empty; set checkpoint.dir to a directory.")
@@ -339,9 +340,15 @@ def open_store(uri: str, keep_last: int = 3) -> CheckpointStore:
                                   f"a file:// URI must be file:///absolute/path.")
         return LocalCheckpointStore(urllib.parse.unquote(parsed.path), keep_last=keep_last)
     if scheme == "s3":
-        raise CheckpointError("S3 checkpoint stores are not available yet; use a local directory.")
+        # Imported here so that boto3 is loaded only by jobs that checkpoint to S3.
+        try:
+            from transientvod.checkpoint_s3 import S3CheckpointStore
+        except ModuleNotFoundError as e:
+            raise CheckpointError(f"checkpoint location {text} needs {e.name or 'boto3'}, which is not installed; "
+                                  f"pip install boto3 or use a local directory.") from None
+        return S3CheckpointStore(text, keep_last=keep_last)
     raise CheckpointError(f"checkpoint location {text} has scheme '{scheme}://', which is not supported; "
-                          f"use a local directory or a file:// URI.")
+                          f"use a local directory, a file:// URI or an s3:// URI.")
 
 
 def _write_durably(path: Path, data: bytes) -> None:

@@ -2,15 +2,22 @@
 
     transientvod demo                     the main job on the embedded digits data, losing and regaining a host
     transientvod train --config FILE [--set section.key=value ...] [--discovery "COMMAND"]
+    transientvod watch --config FILE      keep the host-state file for launch/spot_hosts.py current
+
+With `spot.provider` set (trace or aws), `train` starts the watcher itself and uses
+launch/spot_hosts.py as the discovery script; `watch` is for running the watcher apart (for
+example on the machine where you run horovodrun by hand).
 
 Errors a user can cause end in one sentence on stderr and exit code 2.
 """
 from __future__ import annotations
 
 import argparse
+import logging
 import shlex
 import shutil
 import sys
+import time
 from pathlib import Path
 
 from transientvod.config import Config, ConfigError, load_config
@@ -47,6 +54,24 @@ def cmd_train(args) -> int:
     return finish(run_job(config, args.discovery))
 
 
+def cmd_watch(args) -> int:
+    from transientvod.spot.from_config import provider_from_config
+    from transientvod.spot.watch import watch
+
+    config = load_config(args.config, args.set)
+    if config.spot.provider == "none":
+        raise ConfigError("spot.provider is none; set it to trace or aws to watch spot hosts.")
+    provider = provider_from_config(config.spot, start_time=time.time())
+    print(f"transientvod watch: writing {config.host_state_file} every {config.spot.poll_seconds:g} s; "
+          f"discovery: python launch/spot_hosts.py --state-file {config.host_state_file}", flush=True)
+    try:
+        watch(provider, config.host_state_file, poll_seconds=config.spot.poll_seconds,
+              kill_revoked=config.spot.provider == "trace")
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def finish(result) -> int:
     if result.returncode != 0 or result.summary is None:
         print(f"transientvod: the job failed (horovodrun exit code {result.returncode}); "
@@ -69,20 +94,27 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override a config value (repeatable)")
     train.add_argument("--discovery", help="host discovery command (default: cluster.discovery_script)")
     train.set_defaults(func=cmd_train)
+    watcher = sub.add_parser("watch", help="run the spot watcher that feeds launch/spot_hosts.py")
+    watcher.add_argument("--config", help="a YAML file with a spot: section")
+    watcher.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                         help="override a config value (repeatable)")
+    watcher.set_defaults(func=cmd_watch)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         return args.func(args)
     except (ConfigError, LaunchError) as e:
         print(f"transientvod: {e}", file=sys.stderr)
         return 2
-    except Exception as e:  # data and checkpoint errors are user-fixable too
+    except Exception as e:  # data, checkpoint and provider errors are user-fixable too
         from transientvod.checkpoint import CheckpointError
         from transientvod.data import DataError
-        if isinstance(e, (DataError, CheckpointError)):
+        from transientvod.spot.provider import ProviderError
+        if isinstance(e, (DataError, CheckpointError, ProviderError)):
             print(f"transientvod: {e}", file=sys.stderr)
             return 2
         raise

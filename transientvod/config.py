@@ -28,6 +28,8 @@ MODELS = ("resnet",)
 LR_SCALING_RULES = ("linear", "none")
 LR_SCHEDULES = ("cosine", "constant")
 DEVICES = ("auto", "cpu", "cuda")
+SPOT_PROVIDERS = ("none", "trace", "aws")
+NOTICE_SOURCES = ("none", "aws", "gce", "hoststate")
 
 
 class ConfigError(ValueError):
@@ -99,6 +101,39 @@ class ClusterConfig:
 
 
 @dataclass
+class SpotConfig:
+    """Where the job's hosts come from. With a provider, the launcher starts the watcher and
+    uses launch/spot_hosts.py as the discovery script."""
+    provider: str = "none"  # none (cluster.discovery_script) | trace | aws
+    state_file: str = ""  # "" means <run dir>/hosts.json
+    stale_after: float = 30.0  # seconds without a watcher write before discovery reports it stale
+    poll_seconds: float = 2.0  # how often the watcher asks the provider
+    # trace replay: VM k of the run becomes the k-th of `hosts`
+    trace: str = "k80_spot_4workers_vm_trace.csv"  # a file shipped in the package, or a path
+    trace_run: str = "1"  # the N-th run of the file, or its run id (us-east1-c-run3)
+    hosts: str = ""  # comma-separated local host names; "" means every name of this machine
+    time_scale: float = 60.0  # 60: one trace minute per second
+    start_at: float = 0.0  # skip this many trace seconds (an uneventful beginning)
+    notice_seconds: float = 30.0  # 30 GCE, 120 EC2 (trace seconds, scaled like the rest)
+    notices: bool = True  # false: revocations come without notice (hard kills)
+    # aws
+    job_tag: str = ""  # instances tagged transientvod:job=<job_tag> belong to the job
+    region: str = ""
+    queue_url: str = ""  # SQS queue fed by the EventBridge interruption/rebalance rules
+    host_name: str = "private-dns"  # or private-ip
+    slots: int = 0  # 0: GPUs per instance type
+    endpoint_url: str = ""
+
+
+@dataclass
+class NoticeConfig:
+    """The worker-side watcher of this server's own interruption notice."""
+    source: str = "none"  # none | aws (IMDSv2) | gce (metadata) | hoststate (trace replay); the launcher picks hoststate for traces
+    poll_seconds: float = 5.0
+    url: str = ""  # metadata endpoint override ("" = the cloud's own)
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -107,6 +142,8 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    spot: SpotConfig = field(default_factory=SpotConfig)
+    notices: NoticeConfig = field(default_factory=NoticeConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -115,6 +152,10 @@ class Config:
     @property
     def checkpoint_dir(self) -> str:
         return self.checkpoint.dir or str(self.run_dir / "checkpoints")
+
+    @property
+    def host_state_file(self) -> str:
+        return self.spot.state_file or str(self.run_dir / "hosts.json")
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: typing.Sequence[str] = ()) -> Config:
@@ -177,6 +218,10 @@ def validate(config: Config, source: str = "config") -> None:
     one_of("optimizer.lr_scaling", config.optimizer.lr_scaling, LR_SCALING_RULES)
     one_of("optimizer.schedule", config.optimizer.schedule, LR_SCHEDULES)
     one_of("train.device", config.train.device, DEVICES)
+    one_of("spot.provider", config.spot.provider, SPOT_PROVIDERS)
+    one_of("notices.source", config.notices.source, NOTICE_SOURCES)
+    if config.spot.provider == "aws" and not config.spot.job_tag:
+        fail("spot.job_tag", "is empty; set it to the value of the transientvod:job tag on the job's instances.")
     if config.data.dataset == "cifar10" and not config.data.root:
         fail("data.root", "is empty; set it to the directory that holds cifar-10-batches-py/.")
     if (config.model.depth - 2) % 6 or config.model.depth < 8:
@@ -194,6 +239,10 @@ def validate(config: Config, source: str = "config") -> None:
         "cluster.max_np": config.cluster.max_np,
         "cluster.slots_per_host": config.cluster.slots_per_host,
         "cluster.elastic_timeout": config.cluster.elastic_timeout,
+        "spot.stale_after": config.spot.stale_after,
+        "spot.poll_seconds": config.spot.poll_seconds,
+        "spot.time_scale": config.spot.time_scale,
+        "notices.poll_seconds": config.notices.poll_seconds,
     }
     for key, value in positive.items():
         if value <= 0:
@@ -206,6 +255,9 @@ def validate(config: Config, source: str = "config") -> None:
         "train.threads_per_worker": config.train.threads_per_worker,
         "cluster.np": config.cluster.np,
         "cluster.reset_limit": config.cluster.reset_limit,
+        "spot.start_at": config.spot.start_at,
+        "spot.notice_seconds": config.spot.notice_seconds,
+        "spot.slots": config.spot.slots,
     }
     for key, value in non_negative.items():
         if value < 0:

@@ -132,6 +132,7 @@ class TransientState(TorchState):
         self._interrupted_at: float | None = None
         self._lost_now = 0
         self._worker_failed = False
+        self.hosts_update_pending = False
         self.register_reset_callbacks([self._follow_active_workers])
 
     def sync(self):
@@ -142,9 +143,16 @@ class TransientState(TorchState):
         # different from everyone else's for the rest of the run. Broadcast them once more.
         hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
 
+    def on_hosts_updated(self, timestamp, update_res):
+        # Called from Horovod's notification thread when discovery changed. The interrupt
+        # itself waits for the next commit; this flag lets the loop commit sooner.
+        self.hosts_update_pending = True
+        super().on_hosts_updated(timestamp, update_res)
+
     # -- the two ways a recovery starts ----------------------------------------------------
 
     def check_host_updates(self):
+        self.hosts_update_pending = False
         try:
             super().check_host_updates()
         except HostsUpdatedInterrupt:

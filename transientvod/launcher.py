@@ -7,12 +7,14 @@ checkpoint is written. The job itself runs as Horovod's own elastic driver and w
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,14 +99,65 @@ def prepare(config: Config, discovery: str | None = None) -> tuple[list[str], Pa
     return horovodrun_command(config, config_path, discovery), config_path
 
 
+SPOT_HOSTS = Path(__file__).resolve().parents[1] / "launch" / "spot_hosts.py"
+REPLAY_START_TIMEOUT = 120  # seconds to wait for a worker on every host before a replay starts
+log = logging.getLogger(__name__)
+
+
+def start_spot_watcher(config: Config) -> tuple[str, threading.Event]:
+    """Start the watcher thread for `spot.provider`; returns the discovery command and the
+    event that stops the watcher. The first host state is written before this returns, so
+    discovery has an answer from Horovod's very first call."""
+    from transientvod.spot.from_config import provider_from_config
+    from transientvod.spot.hosts import HostState, write_host_state
+    from transientvod.spot.provider import ProviderError
+    from transientvod.spot.watch import wait_for_workers, watch
+
+    state_file = config.host_state_file
+    try:
+        provider = provider_from_config(config.spot, start_time=time.time())
+        now = time.time()
+        write_host_state(state_file, HostState(provider.name, now, provider.poll(now)))
+    except ProviderError as e:
+        raise LaunchError(str(e)) from None
+    stop = threading.Event()
+    replay = config.spot.provider == "trace"
+
+    def watch_job():
+        nonlocal provider
+        if replay:
+            # The replay's clock starts when the job runs on every host, as the study's did.
+            initial = [h.name for h in provider.poll(time.time()) if h.state == "usable"]
+            if not wait_for_workers(state_file, initial, REPLAY_START_TIMEOUT, stop):
+                log.warning("not every host had a worker after %d s; starting the replay anyway", REPLAY_START_TIMEOUT)
+            provider = provider_from_config(config.spot, start_time=time.time())
+        watch(provider, state_file, poll_seconds=config.spot.poll_seconds, kill_revoked=replay, stop=stop)
+
+    threading.Thread(target=watch_job, name="spot-watcher", daemon=True).start()
+    if config.spot.provider == "trace" and config.notices.source == "none":
+        config.notices.source = "hoststate"  # a replayed notice reaches workers through the same file
+    discovery = (f"{shlex.quote(sys.executable)} {shlex.quote(str(SPOT_HOSTS))} --state-file {shlex.quote(state_file)}"
+                 f" --stale-after {config.spot.stale_after:g}")
+    return discovery, stop
+
+
 def run_job(config: Config, discovery: str | None = None) -> JobResult:
-    argv, _ = prepare(config, discovery)
-    summary_path = config.run_dir / "summary.json"
-    summary_path.unlink(missing_ok=True)
-    print(f"transientvod: starting {' '.join(shlex.quote(a) for a in argv)}", flush=True)
-    started = time.monotonic()
-    returncode = subprocess.call(argv)
-    wall = time.monotonic() - started
+    stop_watcher = None
+    if config.spot.provider != "none":
+        if discovery:
+            raise LaunchError("give either spot.provider or a discovery script, not both.")
+        discovery, stop_watcher = start_spot_watcher(config)
+    try:
+        argv, _ = prepare(config, discovery)
+        summary_path = config.run_dir / "summary.json"
+        summary_path.unlink(missing_ok=True)
+        print(f"transientvod: starting {' '.join(shlex.quote(a) for a in argv)}", flush=True)
+        started = time.monotonic()
+        returncode = subprocess.call(argv)
+        wall = time.monotonic() - started
+    finally:
+        if stop_watcher is not None:
+            stop_watcher.set()
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
     if summary is not None:
         summary["wall_seconds"] = round(wall, 1)

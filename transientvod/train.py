@@ -42,6 +42,34 @@ from transientvod.models import build_model
 log = logging.getLogger("transientvod.train")
 
 
+def start_notice_watcher(config: Config):
+    """This server's interruption-notice watcher, or None when notices are off."""
+    if config.notices.source == "none":
+        return None
+    from transientvod.spot.hosts import register_worker
+    from transientvod.spot.notices import NoticeWatcher, notice_source
+
+    host = os.environ.get("HOROVOD_HOSTNAME") or None
+    source = notice_source(config.notices.source, url=config.notices.url or None,
+                           state_file=config.host_state_file, host_name=host)
+    if config.notices.source == "hoststate" and host:
+        # A replayed revocation kills the workers of its host, as the cloud would.
+        register_worker(config.host_state_file, host, os.getpid())
+    return NoticeWatcher(source, poll_seconds=config.notices.poll_seconds).start()
+
+
+def any_rank_wants_commit(state: TransientState, watcher) -> bool:
+    """True on every rank if any rank has an interruption notice or a pending host update.
+
+    One tiny allreduce per step, so that all ranks commit at the same step (a commit is a
+    collective). After a notice, the job commits every step until the noticed host has left:
+    whether Horovod removes it gracefully or the cloud kills it first, nothing is lost.
+    """
+    wants = (watcher is not None and watcher.event.is_set()) or state.hosts_update_pending
+    flag = hvd.allreduce(torch.tensor([1 if wants else 0]), op=hvd.Max, name="transientvod.commit_now")
+    return bool(flag.item())
+
+
 def pick_device(config: Config) -> torch.device:
     """One GPU per slot on GPU hosts; CPU otherwise."""
     want_cuda = config.train.device == "cuda" or (config.train.device == "auto" and torch.cuda.is_available())
@@ -117,9 +145,12 @@ def train(config: Config) -> None:
             log.info("resumed from the durable checkpoint %s at step %d", checkpoint.location, state.step)
     state.begin(resumed)
 
+    watcher = start_notice_watcher(config)
+
     # -- phase 2: train, elastically --------------------------------------------------------
     @hvd.elastic.run
     def run(state: TransientState) -> None:
+        notice_checkpointed = False
         # Here after every (re)start and sync: all ranks hold the same parameters.
         record.append("events.jsonl", {"event": "synced", "rank": hvd.rank(), "size": hvd.size(),
                                        "step": state.step, "checksum": parameter_checksum(state.model),
@@ -153,9 +184,17 @@ def train(config: Config) -> None:
                 if config.train.eval_every and state.step % config.train.eval_every == 0 and hvd.rank() == 0:
                     record.append("metrics.jsonl", {"step": state.step, "test_accuracy": evaluate(state.model, data, device)})
 
-                if state.step % config.train.commit_every == 0 or state.step == config.train.steps:
-                    if hvd.rank() == 0 and (state.step % config.train.checkpoint_every == 0
-                                            or state.step == config.train.steps):
+                notice_now = watcher is not None and any_rank_wants_commit(state, watcher)
+                last_step = state.step == config.train.steps
+                if notice_now or last_step or state.step % config.train.commit_every == 0:
+                    durable = last_step or state.step % config.train.checkpoint_every == 0
+                    if notice_now and not notice_checkpointed:
+                        # A server is about to go, maybe rank 0's: make the work durable now.
+                        durable, notice_checkpointed = True, True
+                        if hvd.rank() == 0:
+                            log.info("interruption notice in the job at step %d: checkpointing now and "
+                                     "committing every step until the host has left", state.step)
+                    if durable and hvd.rank() == 0:
                         store.save(state.step, state.checkpoint_payload(), config_yaml)
                     state.commit()  # may raise HostsUpdatedInterrupt: the state is saved first
                 if state.step >= config.train.steps:
@@ -166,6 +205,8 @@ def train(config: Config) -> None:
                 state.sampler.set_epoch(state.epoch)
 
     run(state)
+    if watcher is not None:
+        watcher.stop()
 
     # -- phase 3: report ------------------------------------------------------------------
     if hvd.rank() == 0:

@@ -91,3 +91,31 @@ def read_host_state(path: str | os.PathLike) -> HostState:
         raise
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         raise HostStateError(f"host-state file {path} is not a host-state file ({e}); delete it and restart the watcher.") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker registration: a replayed revocation must kill the worker processes of its host, as
+# the cloud would. Each worker that watches a host-state file leaves an empty file named
+# <host>@<pid> in <state file>.workers/; the replayer kills those pids when the host is revoked.
+
+def workers_dir(state_file: str | os.PathLike) -> Path:
+    path = Path(state_file)
+    return path.with_name(path.name + ".workers")
+
+
+def register_worker(state_file: str | os.PathLike, host: str, pid: int) -> None:
+    directory = workers_dir(state_file)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{host}@{pid}").touch()
+
+
+def registered_workers(state_file: str | os.PathLike, host: str) -> list[int]:
+    directory = workers_dir(state_file)
+    if not directory.is_dir():
+        return []
+    pids = []
+    for entry in directory.iterdir():
+        name, at, pid = entry.name.rpartition("@")
+        if at and name == host and pid.isdigit():
+            pids.append(int(pid))
+    return sorted(pids)
