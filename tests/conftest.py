@@ -1,6 +1,7 @@
 """Shared pieces for tests that start real `horovodrun` jobs through the CLI."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -89,3 +90,38 @@ def job(tmp_path):
 
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def moto_aws(config_dir: Path):
+    """A moto server on 127.0.0.1 (never 0.0.0.0) and an environment that points boto3 at it
+    with fake credentials; nothing of the developer's own AWS setup leaks in. Yields the URL."""
+    from moto.server import ThreadedMotoServer
+
+    empty = config_dir / "empty-aws-config"
+    empty.write_text("")
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        with pytest.MonkeyPatch.context() as env:
+            for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_REGION",
+                         "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "TRANSIENTVOD_S3_MAX_ATTEMPTS"):
+                env.delenv(name, raising=False)
+            env.setenv("AWS_ACCESS_KEY_ID", "testing")
+            env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+            env.setenv("AWS_DEFAULT_REGION", "us-east-1")
+            env.setenv("AWS_EC2_METADATA_DISABLED", "true")
+            env.setenv("AWS_CONFIG_FILE", str(empty))
+            env.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
+            yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()

@@ -18,14 +18,14 @@ pytestmark = pytest.mark.slow
 TRACE = "k80_spot_4workers_vm_trace.csv"
 
 
-def replay_job(job, name, run_id, revoke_at, notices=True, steps=400):
+def replay_job(job, name, run_id, revoke_at, notices=True, steps=600):
     if len(local_host_names()) < 4:
         pytest.fail(f"this test maps 4 VMs onto 4 local host names; /etc/hosts gives only {local_host_names()}")
     return job(name, train={"steps": steps, "commit_every": 20, "checkpoint_every": 100},
                cluster={"min_np": 1, "max_np": 4},
                spot={"provider": "trace", "trace": TRACE, "trace_run": run_id, "time_scale": 5.0,
-                     # 12 s of replay before the revocation: the notice (30 s of trace time) comes 6 s in.
-                     "start_at": revoke_at - 60, "poll_seconds": 0.25, "notices": notices},
+                     # 8 s of replay before the revocation: the notice (30 s of trace time) comes 2 s in.
+                     "start_at": revoke_at - 40, "poll_seconds": 0.25, "notices": notices},
                notices={"poll_seconds": 0.5})
 
 
@@ -39,7 +39,7 @@ def test_noticed_revocation_is_removed_gracefully_and_loses_nothing(job):
     log = done.stdout + done.stderr
     assert done.returncode == 0, explain(done)
     summary = j.summary()
-    assert summary["steps"] == 400
+    assert summary["steps"] == 600
     assert summary["world_sizes_seen"] == [4, 3]
     assert summary["steps_lost"] == 0
     assert summary["revocations_survived"] == 1
@@ -58,7 +58,7 @@ def test_master_revocation_is_survived(job):
     done = j.run()
     assert done.returncode == 0, explain(done)
     summary = j.summary()
-    assert summary["steps"] == 400
+    assert summary["steps"] == 600
     assert summary["world_sizes_seen"] == [4, 3]
     assert summary["steps_lost"] == 0
     states = host_states(j)
@@ -73,7 +73,7 @@ def test_revocation_without_notice_rolls_back_and_counts_lost_steps(job):
     log = done.stdout + done.stderr
     assert done.returncode == 0, explain(done)
     summary = j.summary()
-    assert summary["steps"] == 400
+    assert summary["steps"] == 600
     assert summary["revocations_survived"] >= 1
     assert "killed its workers" in log, "the replayer must kill the revoked host's worker"
     assert "recovered (a worker failed)" in log

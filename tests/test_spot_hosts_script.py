@@ -1,0 +1,69 @@
+"""launch/spot_hosts.py, the discovery script, run as Horovod runs it: a fresh process."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from conftest import REPO
+from transientvod.spot.hosts import GONE, NOTICED, HostState, HostStatus, write_host_state
+
+SCRIPT = str(REPO / "launch" / "spot_hosts.py")
+
+
+def discover(state_file, *extra):
+    return subprocess.run([sys.executable, SCRIPT, "--state-file", str(state_file), *extra],
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_prints_usable_hosts_only_as_host_slots(tmp_path):
+    state = tmp_path / "hosts.json"
+    write_host_state(state, HostState("trace", time.time(), [
+        HostStatus("a", 4), HostStatus("b", 1, NOTICED, notice_at=time.time()), HostStatus("c", 2, GONE),
+        HostStatus("d", 8)]))
+    done = discover(state)
+    assert done.returncode == 0
+    assert done.stdout == "a:4\nd:8\n"
+    assert done.stderr == ""
+
+
+def test_empty_output_when_no_host_is_usable(tmp_path):
+    state = tmp_path / "hosts.json"
+    write_host_state(state, HostState("aws", time.time(), [HostStatus("a", 1, GONE)]))
+    done = discover(state)
+    assert done.returncode == 0 and done.stdout == ""
+
+
+def test_stale_state_is_reported_and_last_hosts_kept(tmp_path):
+    state = tmp_path / "hosts.json"
+    write_host_state(state, HostState("aws", time.time() - 120, [HostStatus("a", 1), HostStatus("b", 1, NOTICED)]))
+    done = discover(state, "--stale-after", "30")
+    assert done.returncode == 0
+    assert done.stdout == "a:1\n"
+    assert "120 s old" in done.stderr or "s old" in done.stderr
+
+
+def test_never_had_a_state_exits_non_zero_with_one_sentence(tmp_path):
+    done = discover(tmp_path / "missing.json")
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "does not exist" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_unreadable_state_file(tmp_path):
+    state = tmp_path / "hosts.json"
+    state.write_text("{not json")
+    done = discover(state)
+    assert done.returncode == 1 and "not valid JSON" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_script_imports_neither_torch_nor_horovod(tmp_path):
+    state = tmp_path / "hosts.json"
+    write_host_state(state, HostState("trace", time.time(), [HostStatus("a", 1)]))
+    probe = ("import runpy, sys; sys.argv = ['spot_hosts.py', '--state-file', %r]; "
+             "runpy.run_path(%r, run_name='__main__')" % (str(state), SCRIPT))
+    check = f"{probe}"
+    done = subprocess.run([sys.executable, "-c", "import sys, atexit; atexit.register(lambda: sys.stderr.write("
+                           "'LOADED ' + str(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'horovod')))));"
+                           + check], capture_output=True, text=True, timeout=30)
+    assert "LOADED []" in done.stderr, done.stderr
