@@ -19,21 +19,15 @@ from pathlib import Path
 import boto3
 import pytest
 import torch
-from moto.server import ThreadedMotoServer
 
 from transientvod import checkpoint_s3
+from conftest import free_port, moto_aws
 from transientvod.checkpoint import Checkpoint, CheckpointError, LocalCheckpointStore, open_store
 from transientvod.checkpoint_s3 import S3CheckpointStore
 
 BUCKET = "transientvod-checkpoints"
 CONFIG_YAML = "train:\n  steps: 400\n  commit_every: 20\nmodel:\n  depth: 8\n"
 MIB = 2**20
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def make_state(step: int) -> dict:
@@ -131,26 +125,10 @@ class ErrorInjectingProxy:
 @pytest.fixture(scope="module")
 def moto_endpoint(tmp_path_factory):
     """http://127.0.0.1:<port> of a moto S3 server holding BUCKET, with fake credentials."""
-    empty = tmp_path_factory.mktemp("aws") / "empty"
-    empty.write_text("")
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    with pytest.MonkeyPatch.context() as env:
-        # Nothing from the developer's own AWS setup (profiles, endpoints, real keys) leaks in.
-        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_REGION",
-                     "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", checkpoint_s3.MAX_ATTEMPTS_ENV):
-            env.delenv(name, raising=False)
-        env.setenv("AWS_ACCESS_KEY_ID", "testing")
-        env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        env.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        env.setenv("AWS_EC2_METADATA_DISABLED", "true")
-        env.setenv("AWS_CONFIG_FILE", str(empty))
-        env.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
+    with moto_aws(tmp_path_factory.mktemp("aws")) as endpoint, pytest.MonkeyPatch.context() as env:
+        env.delenv(checkpoint_s3.MAX_ATTEMPTS_ENV, raising=False)
         boto3.session.Session().client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
         yield endpoint
-    server.stop()
 
 
 @pytest.fixture

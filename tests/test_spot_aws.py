@@ -11,7 +11,6 @@ What moto cannot do, and how these tests cope:
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,8 @@ import urllib.request
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
+
+from conftest import free_port, moto_aws
 
 from transientvod.spot.aws import (INTERRUPTION_WARNING, REBALANCE_RECOMMENDATION, AwsProvider,
                                    notice_from_event, notices_from_spot_requests)
@@ -32,36 +32,14 @@ EVENT_TIME = "2026-11-30T03:37:05Z"
 EVENT_UNIX = 1_796_009_825.0  # EVENT_TIME as unix time
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def endpoint():
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("AWS_ACCESS_KEY_ID", "testing")
-        env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        env.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        env.delenv("AWS_SESSION_TOKEN", raising=False)
-        env.delenv("AWS_PROFILE", raising=False)
-        env.delenv("AWS_ENDPOINT_URL", raising=False)
-        env.setenv("AWS_EC2_METADATA_DISABLED", "true")
-        # Without ip_address moto listens on 0.0.0.0.
-        port = free_port()
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-        server.start()
-        try:
-            url = f"http://127.0.0.1:{port}"
-            # One session for the whole module: it loads each service's model once, which on a
-            # busy machine takes seconds.
-            session = boto3.session.Session()
-            # moto's catalogue of AMIs is the same after every reset; look one up once (it is slow).
-            ami = session.client("ec2", endpoint_url=url).describe_images(MaxResults=5)["Images"][0]["ImageId"]
-            yield url, ami, session
-        finally:
-            server.stop()
+def endpoint(tmp_path_factory):
+    with moto_aws(tmp_path_factory.mktemp("aws")) as url:
+        # One session for the module: it loads each service's model once, which takes seconds.
+        session = boto3.session.Session()
+        # moto's catalogue of AMIs is the same after every reset; look one up once (it is slow).
+        ami = session.client("ec2", endpoint_url=url).describe_images(MaxResults=5)["Images"][0]["ImageId"]
+        yield url, ami, session
 
 
 @pytest.fixture

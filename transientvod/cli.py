@@ -3,6 +3,8 @@
     transientvod demo                     the main job on the embedded digits data, losing and regaining a host
     transientvod train --config FILE [--set section.key=value ...] [--discovery "COMMAND"]
     transientvod watch --config FILE      keep the host-state file for launch/spot_hosts.py current
+    transientvod fleet --job-tag JOB --instance-types T1,T2 --target N --image-id AMI --price T1=0.9 ...
+                                          keep N spot instances alive within a budget, then terminate them
 
 With `spot.provider` set (trace or aws), `train` starts the watcher itself and uses
 launch/spot_hosts.py as the discovery script; `watch` is for running the watcher apart (for
@@ -72,6 +74,41 @@ def cmd_watch(args) -> int:
     return 0
 
 
+def parse_prices(items: list[str]) -> dict[str, float]:
+    prices = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            prices[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not name.strip():
+            raise ConfigError(f"--price {item!r} must look like INSTANCE_TYPE=DOLLARS_PER_HOUR, for example p3.2xlarge=0.918.")
+    return prices
+
+
+def cmd_fleet(args) -> int:
+    from transientvod.spot.fleet import Fleet, FleetSpec
+
+    try:
+        spec = FleetSpec(job_tag=args.job_tag, instance_types=[t for t in args.instance_types.split(",") if t],
+                         target=args.target, image_id=args.image_id, hourly_price=parse_prices(args.price),
+                         budget=args.budget, subnet_id=args.subnet_id, key_name=args.key_name,
+                         security_group_ids=args.security_group_id)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    fleet = Fleet(spec, region=args.region, endpoint_url=args.endpoint_url, dry_run=args.dry_run)
+    if args.dry_run:
+        for action in fleet.reconcile():
+            print(f"would {action.kind} {action.instance_type or ''} {action.instance_id or ''}: {action.reason}".strip())
+        return 0
+    print(f"transientvod fleet: keeping {spec.target} spot instances tagged {spec.tag_key}={spec.job_tag}; "
+          "Ctrl-C terminates them all.", flush=True)
+    fleet.run(poll_seconds=args.poll_seconds)
+    print(f"transientvod fleet: spent ${fleet.spent():.2f}", flush=True)
+    return 0
+
+
 def finish(result) -> int:
     if result.returncode != 0 or result.summary is None:
         print(f"transientvod: the job failed (horovodrun exit code {result.returncode}); "
@@ -99,6 +136,22 @@ def build_parser() -> argparse.ArgumentParser:
     watcher.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                          help="override a config value (repeatable)")
     watcher.set_defaults(func=cmd_watch)
+    fleet = sub.add_parser("fleet", help="keep N spot instances alive for a job, within a budget")
+    fleet.add_argument("--job-tag", required=True, help="value of the transientvod:job tag (what discovery lists)")
+    fleet.add_argument("--instance-types", required=True, help="comma-separated, tried in order")
+    fleet.add_argument("--target", type=int, required=True, help="instances to keep alive")
+    fleet.add_argument("--image-id", required=True)
+    fleet.add_argument("--price", action="append", default=[], metavar="TYPE=DOLLARS_PER_HOUR",
+                       help="the price of each instance type (required for every type; repeatable)")
+    fleet.add_argument("--budget", type=float, help="dollars for the fleet's whole life")
+    fleet.add_argument("--region")
+    fleet.add_argument("--endpoint-url")
+    fleet.add_argument("--subnet-id")
+    fleet.add_argument("--key-name")
+    fleet.add_argument("--security-group-id", action="append", default=[])
+    fleet.add_argument("--poll-seconds", type=float, default=30.0)
+    fleet.add_argument("--dry-run", action="store_true", help="print what it would do; change nothing")
+    fleet.set_defaults(func=cmd_fleet)
     return parser
 
 

@@ -1,0 +1,489 @@
+"""The study's dynamic cluster: keeps `target` EC2 spot instances alive for a training job.
+
+Each reconcile pass lists the instances tagged ``transientvod:job=<job>`` (the tag the AWS
+discovery provider lists, so every instance the fleet starts joins the job by itself), and
+launches one-time spot instances until `target` of them are pending or running. An instance
+that is stopping, shutting down, stopped or terminated (EC2 revoked it, or someone ended it)
+no longer counts; the next pass launches its replacement. At the end, or on Ctrl-C, the fleet
+terminates every instance of the job, the ones it found as well as the ones it started.
+
+The budget rule. Before each launch the fleet requires::
+
+    spent() + (committed_rate() + price(new type)) * BUDGET_HORIZON_HOURS <= budget
+
+that is, it never starts a server whose first horizon, together with everything already
+running, could push the total past the budget; a pass that would break the rule launches
+nothing more and answers a "hold" action quoting the numbers. The rule caps what the fleet
+starts, not what runs: instances already running keep training (killing a worker mid-step
+loses work), so stop the fleet once `spent()` nears the budget if it is a hard limit.
+
+Billing is per second, as EC2 bills Linux instances (and GCE every instance), with a minimum
+of one minute per instance: an instance costs its type's `hourly_price` for
+max(60 s, end - LaunchTime), where the end is now for a pending or running instance, and
+for an ended one the time EC2 reports in its state transition reason, or else the time this
+fleet first saw it ended. Prices are what the caller says (spot prices move); seconds of an
+instance that EC2 interrupts are counted even though EC2 may waive them, so the estimate errs
+on the side of spending less.
+
+A dry run calls only DescribeImages and DescribeInstances: each pass answers the actions it
+would take and logs them.
+
+IAM permissions the fleet's credentials need::
+
+    ec2:DescribeImages, ec2:DescribeInstances, ec2:RunInstances, ec2:CreateTags,
+    ec2:TerminateInstances   (and iam:CreateServiceLinkedRole once per account, for EC2 Spot)
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+
+from transientvod.spot.aws import (ACCESS_DENIED_CODES, CREDENTIALS_REJECTED_CODES, FILTER_VALUES_PER_CALL,
+                                   GONE_STATES, INSTANCE_STATES)
+from transientvod.spot.provider import ProviderError
+
+log = logging.getLogger(__name__)
+
+# How far ahead the budget rule looks: a launch must leave room for this many hours of
+# everything running plus the new server. Override with TRANSIENTVOD_FLEET_HORIZON_HOURS.
+BUDGET_HORIZON_HOURS = 1.0
+HORIZON_ENVIRONMENT_VARIABLE = "TRANSIENTVOD_FLEET_HORIZON_HOURS"
+# EC2 (Linux) and GCE bill per second after the first minute.
+MINIMUM_BILLED_SECONDS = 60.0
+
+# Answers of RunInstances that say "not this type, not now": the fleet tries the next type.
+CAPACITY_ERROR_CODES = frozenset({"InsufficientInstanceCapacity", "SpotMaxPriceTooLow", "Unsupported"})
+MISSING_IMAGE_CODES = frozenset({"InvalidAMIID.NotFound", "InvalidAMIID.Malformed", "InvalidAMIID.Unavailable"})
+ALIVE_STATES = frozenset({"pending", "running"})
+# EC2 lists a new instance only after a few seconds (eventual consistency); until then the
+# fleet counts the instance RunInstances answered, so a quick second pass does not launch twice.
+LISTING_DELAY_SECONDS = 60.0
+
+# RunInstances can take longer to answer than a describe call; the ClientToken on each
+# launch makes the retries safe (EC2 starts one instance per token).
+CLIENT_CONFIG = Config(connect_timeout=3, read_timeout=30, retries={"max_attempts": 3, "mode": "standard"})
+
+# "User initiated (2026-11-30 04:00:52 GMT)": EC2 writes GMT, moto writes UTC.
+TRANSITION_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
+
+
+@dataclass
+class FleetSpec:
+    job_tag: str
+    instance_types: list[str]  # tried in order when launching (capacity may lack one type)
+    target: int  # instances to keep alive
+    image_id: str
+    hourly_price: dict[str, float]  # $/hour per instance type; every type the fleet meets needs one
+    budget: float | None = None  # dollars for the whole fleet's life; None = no limit
+    subnet_id: str | None = None
+    key_name: str | None = None
+    security_group_ids: list[str] = field(default_factory=list)
+    user_data: str = ""
+    tag_key: str = "transientvod:job"
+
+    def __post_init__(self):
+        if not self.job_tag:
+            raise ValueError("job_tag is empty; set it to the value of the tag your job's instances carry.")
+        if not isinstance(self.target, int) or self.target < 0:
+            raise ValueError(f"target is {self.target!r}; it must be a whole number of instances, 0 or more.")
+        if not self.instance_types:
+            raise ValueError("instance_types is empty; list at least one EC2 instance type to launch.")
+        if not self.image_id:
+            raise ValueError("image_id is empty; set it to the AMI the fleet's instances boot.")
+        for instance_type in self.instance_types:
+            if instance_type not in self.hourly_price:
+                raise ValueError(f"instance type {instance_type!r} has no price in hourly_price; "
+                                 "add its $/hour so the fleet can keep to the budget.")
+        for instance_type, price in self.hourly_price.items():
+            if not isinstance(price, (int, float)) or not math.isfinite(price) or price <= 0:
+                raise ValueError(f"the price of {instance_type!r} is {price!r}; it must be a positive "
+                                 "number of dollars per hour.")
+        if self.budget is not None and (not math.isfinite(self.budget) or self.budget <= 0):
+            raise ValueError(f"budget is {self.budget!r}; it must be a positive number of dollars, "
+                             "or None for no limit.")
+
+
+@dataclass(frozen=True)
+class FleetAction:
+    """What one reconcile step did (or, in a dry run, would do)."""
+
+    kind: str  # "launch" | "replace" | "terminate" | "hold" (the budget rule stopped a launch)
+    instance_type: str | None
+    instance_id: str | None  # None for a hold, and for a launch a dry run only imagines
+    reason: str
+
+
+def budget_horizon_hours() -> float:
+    """BUDGET_HORIZON_HOURS, or the hours TRANSIENTVOD_FLEET_HORIZON_HOURS sets."""
+    text = os.environ.get(HORIZON_ENVIRONMENT_VARIABLE)
+    if text is None or not text.strip():
+        return BUDGET_HORIZON_HOURS
+    try:
+        hours = float(text)
+    except ValueError:
+        hours = math.nan
+    if not math.isfinite(hours) or hours < 0:
+        raise ValueError(f"{HORIZON_ENVIRONMENT_VARIABLE} is {text!r}; set it to a number of hours, 0 or more.")
+    return hours
+
+
+def billed_seconds(launched_at: float, ended_at: float) -> float:
+    """Seconds EC2 bills for an instance that ran from `launched_at` to `ended_at`."""
+    return max(MINIMUM_BILLED_SECONDS, ended_at - launched_at)
+
+
+def transition_time(instance: dict) -> float | None:
+    """The unix time EC2 gives in an instance's state transition reason, if it gives one."""
+    match = TRANSITION_TIME.search(instance.get("StateTransitionReason") or "")
+    if match is None:
+        return None
+    return datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+
+
+def _state(instance: dict) -> str:
+    return instance["State"]["Name"]
+
+
+def _launched_at(instance: dict) -> float:
+    return instance["LaunchTime"].timestamp()
+
+
+class Fleet:
+    """Keeps `spec.target` spot instances of `spec.job_tag` alive within `spec.budget`.
+
+    `clock` gives the unix time the fleet bills up to; tests pass one they control.
+    """
+
+    def __init__(self, spec: FleetSpec, region: str | None = None, endpoint_url: str | None = None,
+                 dry_run: bool = False, session=None, clock=time.time):
+        self.spec = spec
+        self.dry_run = dry_run
+        self.horizon_hours = budget_horizon_hours()
+        self._clock = clock
+        # Last record of every instance of the job this fleet has seen: EC2 stops listing a
+        # terminated instance after about an hour, and its cost must stay in spent().
+        self._seen: dict[str, dict] = {}
+        # When this fleet first saw each instance ended (or ended it itself).
+        self._ended_at: dict[str, float] = {}
+        # When this fleet launched each of its instances, by its own clock.
+        self._launched_by_fleet: dict[str, float] = {}
+        # Instances this fleet saw alive: losing one of them is what a replacement answers.
+        self._seen_alive: set[str] = set()
+        self._replaced: set[str] = set()
+        self._image_checked = False
+        self._holding = False
+        # run() may reconcile on one thread while another asks spent().
+        self._lock = threading.RLock()
+        session = session or boto3.session.Session(region_name=region)
+        self.region = region or session.region_name
+        with self._aws_errors("creating the EC2 client"):
+            self._ec2 = session.client("ec2", region_name=region, endpoint_url=endpoint_url, config=CLIENT_CONFIG)
+
+    # --- the public face -----------------------------------------------------------------------
+
+    def reconcile(self) -> list[FleetAction]:
+        """One pass: list the job's instances, then launch (or replace) up to the target
+        within the budget. Answers what it did, or in a dry run what it would do."""
+        with self._lock:
+            self._check_image()
+            now = self._clock()
+            instances = self._instances(now)
+            alive = [i for i in instances if _state(i) in ALIVE_STATES]
+            lost = sorted((i for i in instances if i["InstanceId"] in self._seen_alive
+                           and i["InstanceId"] not in self._replaced and _state(i) not in ALIVE_STATES),
+                          key=lambda i: self._ended_at.get(i["InstanceId"], now))
+            if len(alive) > self.spec.target:
+                log.info("job %s has %d instances alive, more than the target of %d; the fleet leaves them "
+                         "running (it ends only what terminate_all ends).", self.spec.job_tag, len(alive),
+                         self.spec.target)
+            actions = []
+            while len(alive) < self.spec.target:
+                replaced = lost.pop(0) if lost else None
+                action = self._launch_one(instances, now, replaced, len(alive))
+                if action is None:
+                    break
+                actions.append(action)
+                if action.kind == "hold":
+                    break
+                alive.append(instances[-1])
+            if not any(a.kind == "hold" for a in actions):
+                self._holding = False
+            return actions
+
+    def spent(self) -> float:
+        """Dollars so far, billed per second (one minute at least) from each instance's
+        LaunchTime until now, or until it ended; instances the fleet found count too."""
+        with self._lock:
+            now = self._clock()
+            return self._spent(self._instances(now), now)
+
+    def committed_rate(self) -> float:
+        """Dollars per hour of the job's instances pending or running now."""
+        with self._lock:
+            return self._committed_rate(self._instances(self._clock()))
+
+    def terminate_all(self) -> list[FleetAction]:
+        """Terminates every instance of the job that has not ended (in a dry run, only says so)."""
+        with self._lock:
+            now = self._clock()
+            ending = [i for i in self._instances(now) if _state(i) not in ("shutting-down", "terminated")]
+            ids = [i["InstanceId"] for i in ending]
+            prefix = "dry run: would terminate" if self.dry_run else "terminating"
+            if ids:
+                log.info("%s %d instances of job %s: %s.", prefix, len(ids), self.spec.job_tag, ", ".join(ids))
+            if not self.dry_run:
+                for start in range(0, len(ids), FILTER_VALUES_PER_CALL):
+                    with self._aws_errors("ec2:TerminateInstances"):
+                        self._ec2.terminate_instances(InstanceIds=ids[start:start + FILTER_VALUES_PER_CALL])
+                for instance in ending:
+                    self._ended_at.setdefault(instance["InstanceId"], now)
+                    self._seen[instance["InstanceId"]] = {**instance, "State": {"Code": 32, "Name": "shutting-down"}}
+            return [FleetAction("terminate", i.get("InstanceType"), i["InstanceId"],
+                                f"the fleet of job {self.spec.job_tag} is ending ({_state(i)} instance)")
+                    for i in ending]
+
+    def run(self, poll_seconds: float = 30.0, stop: threading.Event | None = None, until=None) -> None:
+        """Reconciles every `poll_seconds` until `stop` is set or `until()` answers True, then
+        terminates every instance of the job; also when interrupted (Ctrl-C) or failing."""
+        if not poll_seconds > 0:
+            raise ValueError(f"poll_seconds is {poll_seconds!r}; it must be a positive number of seconds.")
+        stop = stop or threading.Event()
+        try:
+            reconciled_once = False
+            while not stop.is_set():
+                try:
+                    self.reconcile()
+                except ProviderError as e:
+                    # A first pass that fails is a setup to fix; a later one is the network or
+                    # the cloud, and the next pass tries again.
+                    if not reconciled_once:
+                        raise
+                    log.warning("fleet of job %s could not reconcile (%s); trying again in %g s.",
+                                self.spec.job_tag, e, poll_seconds)
+                reconciled_once = True
+                if until is not None and until():
+                    break
+                stop.wait(poll_seconds)
+        finally:
+            try:
+                self.terminate_all()
+            except ProviderError:
+                left = sorted(i for i, r in self._seen.items() if _state(r) not in GONE_STATES)
+                log.error("could not terminate the instances of job %s; end them by hand: "
+                          "aws ec2 terminate-instances --instance-ids %s", self.spec.job_tag, " ".join(left))
+                raise
+
+    # --- what the job has -----------------------------------------------------------------------
+
+    def _check_image(self) -> None:
+        """Fails on an image id that does not exist, before anything is launched (a dry run
+        included; and EC2 emulators that accept any image id at launch still fail here)."""
+        if self._image_checked:
+            return
+        with self._aws_errors("ec2:DescribeImages"):
+            images = self._ec2.describe_images(ImageIds=[self.spec.image_id]).get("Images", [])
+        if not images:
+            raise self._missing_image_error()
+        self._image_checked = True
+
+    def _instances(self, now: float) -> list[dict]:
+        """Every instance of the job this fleet knows of, as of now: what EC2 lists, what it
+        launched and EC2 does not list yet, and what EC2 listed once and has forgotten since."""
+        filters = [{"Name": f"tag:{self.spec.tag_key}", "Values": [self.spec.job_tag]},
+                   {"Name": "instance-state-name", "Values": list(INSTANCE_STATES)}]
+        listed = {}
+        with self._aws_errors("ec2:DescribeInstances"):
+            for page in self._ec2.get_paginator("describe_instances").paginate(Filters=filters):
+                for reservation in page.get("Reservations", []):
+                    for instance in reservation.get("Instances", []):
+                        listed[instance["InstanceId"]] = instance
+        # A type without a price fails when the fleet bills it, never as a silent zero, but
+        # not here: terminate_all must still end such an instance.
+        self._seen.update(listed)
+        for instance_id, instance in self._seen.items():
+            if instance_id in listed or _state(instance) not in ALIVE_STATES:
+                continue
+            launched = self._launched_by_fleet.get(instance_id)
+            if launched is None or now - launched > LISTING_DELAY_SECONDS:
+                # EC2 forgot an instance the fleet last saw alive: it ended, unseen, in between.
+                self._seen[instance_id] = {**instance, "State": {"Code": 48, "Name": "terminated"}}
+        for instance_id, instance in self._seen.items():
+            if _state(instance) in ALIVE_STATES:
+                self._seen_alive.add(instance_id)
+            elif instance_id not in self._ended_at:
+                self._ended_at[instance_id] = now
+                if instance_id in self._seen_alive:
+                    log.warning("instance %s (%s) of job %s is %s (%s).", instance_id, instance.get("InstanceType"),
+                                self.spec.job_tag, _state(instance), self._why_ended(instance))
+        return list(self._seen.values())
+
+    def _price(self, instance: dict) -> float:
+        instance_type = instance.get("InstanceType")
+        price = self.spec.hourly_price.get(instance_type)
+        if price is None:
+            raise ValueError(f"instance {instance['InstanceId']} of job {self.spec.job_tag} is a {instance_type}, "
+                             "which hourly_price does not price; add its $/hour to the fleet spec.")
+        return price
+
+    def _spent(self, instances: list[dict], now: float) -> float:
+        dollars = 0.0
+        for instance in instances:
+            if _state(instance) in ALIVE_STATES:
+                ended_at = now
+            else:
+                ended_at = transition_time(instance) or self._ended_at.get(instance["InstanceId"], now)
+            dollars += billed_seconds(_launched_at(instance), ended_at) / 3600.0 * self._price(instance)
+        return dollars
+
+    def _committed_rate(self, instances: list[dict]) -> float:
+        return sum(self._price(i) for i in instances if _state(i) in ALIVE_STATES)
+
+    @staticmethod
+    def _why_ended(instance: dict) -> str:
+        return ((instance.get("StateReason") or {}).get("Code") or instance.get("StateTransitionReason")
+                or "no reason given")
+
+    # --- launching ---------------------------------------------------------------------------------
+
+    def _launch_one(self, instances: list[dict], now: float, replaced: dict | None, alive: int) -> FleetAction | None:
+        """Launches one instance of the first type that fits the budget and has capacity, and
+        appends its record to `instances`. A hold when the budget rule stops every type; None
+        when no type has capacity (the next pass tries again)."""
+        spent = self._spent(instances, now)
+        rate = self._committed_rate(instances)
+        kind = "launch" if replaced is None else "replace"
+        why = (f"brings job {self.spec.job_tag} to {alive + 1} of {self.spec.target} instances" if replaced is None
+               else f"replaces {replaced['InstanceId']}, which is {_state(replaced)} ({self._why_ended(replaced)})")
+        held = []  # (total the horizon could reach, type, price)
+        no_capacity = []
+        for instance_type in self.spec.instance_types:
+            price = self.spec.hourly_price[instance_type]
+            projected = spent + (rate + price) * self.horizon_hours
+            if self.spec.budget is not None and projected > self.spec.budget:
+                held.append((projected, instance_type, price))
+                continue
+            if self.dry_run:
+                instances.append(self._imagined_instance(instance_type, now))
+                log.info("dry run: would %s a %s spot instance: %s.", kind, instance_type, why)
+                return FleetAction(kind, instance_type, None, f"dry run: {why}")
+            try:
+                with self._aws_errors("ec2:RunInstances", let_through=CAPACITY_ERROR_CODES):
+                    instance = self._run_instance(instance_type)
+            except botocore.exceptions.ClientError as e:
+                code = e.response.get("Error", {}).get("Code")
+                log.warning("EC2 has no %s spot capacity for job %s now (%s); trying the next type.",
+                            instance_type, self.spec.job_tag, code)
+                no_capacity.append(f"{instance_type}: {code}")
+                continue
+            instance_id = instance["InstanceId"]
+            self._seen[instance_id] = instance
+            self._seen_alive.add(instance_id)
+            self._launched_by_fleet[instance_id] = now
+            if replaced is not None:
+                self._replaced.add(replaced["InstanceId"])
+            instances.append(instance)
+            if no_capacity:
+                why += f" (no capacity for {'; '.join(no_capacity)})"
+            log.info("%s %s (%s, $%.2f/h): %s.", "launched" if replaced is None else "launched replacement",
+                     instance_id, instance_type, price, why)
+            return FleetAction(kind, instance_type, instance_id, why)
+        if held:
+            projected, instance_type, price = min(held)
+            reason = (f"launching a {instance_type} could bring job {self.spec.job_tag} to ${projected:.2f} within "
+                      f"{self.horizon_hours:g} h (spent ${spent:.2f} + (${rate:.2f}/h running + ${price:.2f}/h) "
+                      f"x {self.horizon_hours:g} h), over the budget of ${self.spec.budget:.2f}; holding at "
+                      f"{alive} of {self.spec.target} instances")
+            if not self._holding:
+                log.warning("%s.", reason)
+            self._holding = True
+            return FleetAction("hold", instance_type, None, reason)
+        log.warning("no instance type of job %s has spot capacity now (%s); the next pass tries again.",
+                    self.spec.job_tag, "; ".join(no_capacity))
+        return None
+
+    def _run_instance(self, instance_type: str) -> dict:
+        tags = [{"Key": self.spec.tag_key, "Value": self.spec.job_tag},
+                {"Key": "Name", "Value": f"transientvod-{self.spec.job_tag}"}]
+        params = {
+            "MinCount": 1, "MaxCount": 1, "InstanceType": instance_type, "ImageId": self.spec.image_id,
+            "InstanceMarketOptions": {"MarketType": "spot", "SpotOptions": {
+                "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}},
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}],
+            "ClientToken": uuid.uuid4().hex,
+        }
+        if self.spec.subnet_id:
+            params["SubnetId"] = self.spec.subnet_id
+        if self.spec.key_name:
+            params["KeyName"] = self.spec.key_name
+        if self.spec.security_group_ids:
+            params["SecurityGroupIds"] = list(self.spec.security_group_ids)
+        if self.spec.user_data:
+            params["UserData"] = self.spec.user_data  # boto3 encodes it in base64
+        return self._ec2.run_instances(**params)["Instances"][0]
+
+    @staticmethod
+    def _imagined_instance(instance_type: str, now: float) -> dict:
+        """The record a dry run counts for a launch it only imagines, so the budget rule of the
+        same pass sees it."""
+        return {"InstanceId": f"dry-run-{uuid.uuid4().hex[:8]}", "InstanceType": instance_type,
+                "State": {"Code": 0, "Name": "pending"},
+                "LaunchTime": datetime.fromtimestamp(now, timezone.utc)}
+
+    # --- errors --------------------------------------------------------------------------------
+
+    def _missing_image_error(self) -> ProviderError:
+        return ProviderError(f"the image {self.spec.image_id} does not exist in region {self.region}; "
+                             "fix image_id or the region.")
+
+    @contextlib.contextmanager
+    def _aws_errors(self, call: str, let_through: frozenset = frozenset()):
+        """Turns botocore's exceptions during `call` into a one-sentence ProviderError (the
+        AWS provider's wording, with the fleet's own cases added); a ClientError whose code is
+        in `let_through` stays as it is, for the caller to handle."""
+        try:
+            yield
+        except (botocore.exceptions.NoCredentialsError, botocore.exceptions.PartialCredentialsError) as e:
+            raise ProviderError("no AWS credentials found; configure them (aws configure, environment "
+                                "variables, or an instance role).") from e
+        except botocore.exceptions.NoRegionError as e:
+            raise ProviderError("no AWS region set; pass a region or set AWS_DEFAULT_REGION.") from e
+        except botocore.exceptions.ProfileNotFound as e:
+            raise ProviderError(f"AWS profile {e.kwargs.get('profile')!r} does not exist; "
+                                "fix AWS_PROFILE or add the profile to ~/.aws/config.") from e
+        except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectTimeoutError,
+                botocore.exceptions.ConnectionClosedError) as e:
+            endpoint = e.kwargs.get("endpoint_url", "?")
+            raise ProviderError(f"cannot reach the AWS endpoint {endpoint} (region {self.region}) for {call}; "
+                                "check the endpoint URL, the region and the network.") from e
+        except botocore.exceptions.ReadTimeoutError as e:
+            endpoint = e.kwargs.get("endpoint_url", "?")
+            raise ProviderError(f"the AWS endpoint {endpoint} did not answer {call} within "
+                                f"{CLIENT_CONFIG.read_timeout} s; check the network and try again.") from e
+        except botocore.exceptions.ClientError as e:
+            error = e.response.get("Error", {})
+            codes = {error.get("Code"), error.get("QueryErrorCode")}
+            if codes & let_through:
+                raise
+            if codes & MISSING_IMAGE_CODES:
+                raise self._missing_image_error() from e
+            if codes & ACCESS_DENIED_CODES:
+                raise ProviderError(f"AWS denied {call} to these credentials; grant that permission "
+                                    "to the fleet's user or role.") from e
+            if codes & CREDENTIALS_REJECTED_CODES:
+                raise ProviderError(f"AWS rejected the credentials for {call} ({error.get('Code')}); "
+                                    "check or refresh them (aws configure, environment variables, "
+                                    "or an instance role).") from e
+            message = (error.get("Message") or "no message").rstrip(".")
+            raise ProviderError(f"AWS answered {call} with {error.get('Code')}: {message}.") from e
