@@ -161,6 +161,46 @@ def _event_time(text, now: float) -> float:
     return moment.timestamp()
 
 
+def client_error_codes(error: botocore.exceptions.ClientError) -> set:
+    details = error.response.get("Error", {})
+    return {details.get("Code"), details.get("QueryErrorCode")}
+
+
+def aws_error(error: Exception, call: str, region: str | None, whose: str) -> ProviderError:
+    """The one-sentence ProviderError for a botocore exception raised by `call`; `whose` names
+    the identity to grant permissions to ("the watcher's", "the fleet's"). Shared by the
+    provider and the fleet, which add their own cases (a missing queue, a missing image)."""
+    e = error
+    if isinstance(e, (botocore.exceptions.NoCredentialsError, botocore.exceptions.PartialCredentialsError)):
+        return ProviderError("no AWS credentials found; configure them (aws configure, environment "
+                             "variables, or an instance role).")
+    if isinstance(e, botocore.exceptions.NoRegionError):
+        return ProviderError("no AWS region set; pass a region or set AWS_DEFAULT_REGION.")
+    if isinstance(e, botocore.exceptions.ProfileNotFound):
+        return ProviderError(f"AWS profile {e.kwargs.get('profile')!r} does not exist; "
+                             "fix AWS_PROFILE or add the profile to ~/.aws/config.")
+    if isinstance(e, (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectTimeoutError,
+                      botocore.exceptions.ConnectionClosedError)):
+        return ProviderError(f"cannot reach the AWS endpoint {e.kwargs.get('endpoint_url', '?')} (region {region}) "
+                             f"for {call}; check the endpoint URL, the region and the network.")
+    if isinstance(e, botocore.exceptions.ReadTimeoutError):
+        return ProviderError(f"the AWS endpoint {e.kwargs.get('endpoint_url', '?')} did not answer {call} in time; "
+                             "check the network (the next poll tries again).")
+    if isinstance(e, botocore.exceptions.ClientError):
+        details = e.response.get("Error", {})
+        codes = client_error_codes(e)
+        if codes & ACCESS_DENIED_CODES:
+            return ProviderError(f"AWS denied {call} to these credentials; grant that permission "
+                                 f"to {whose} user or role.")
+        if codes & CREDENTIALS_REJECTED_CODES:
+            return ProviderError(f"AWS rejected the credentials for {call} ({details.get('Code')}); "
+                                 "check or refresh them (aws configure, environment variables, "
+                                 "or an instance role).")
+        message = (details.get("Message") or "no message").rstrip(".")
+        return ProviderError(f"AWS answered {call} with {details.get('Code')}: {message}.")
+    return ProviderError(f"the AWS call {call} failed ({e}).")
+
+
 class AwsProvider(SpotProvider):
     """The EC2 instances tagged `tag_key=job_tag`, with the interruption notices EC2 sent for
     them (from the SQS queue at `queue_url`, and from their spot requests' status)."""
@@ -332,35 +372,10 @@ class AwsProvider(SpotProvider):
         """Turns botocore's exceptions during `call` into a one-sentence ProviderError."""
         try:
             yield
-        except (botocore.exceptions.NoCredentialsError, botocore.exceptions.PartialCredentialsError) as e:
-            raise ProviderError("no AWS credentials found; configure them (aws configure, environment "
-                                "variables, or an instance role).") from e
-        except botocore.exceptions.NoRegionError as e:
-            raise ProviderError("no AWS region set; pass a region or set AWS_DEFAULT_REGION.") from e
-        except botocore.exceptions.ProfileNotFound as e:
-            raise ProviderError(f"AWS profile {e.kwargs.get('profile')!r} does not exist; "
-                                "fix AWS_PROFILE or add the profile to ~/.aws/config.") from e
-        except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectTimeoutError,
-                botocore.exceptions.ConnectionClosedError) as e:
-            endpoint = e.kwargs.get("endpoint_url", "?")
-            raise ProviderError(f"cannot reach the AWS endpoint {endpoint} (region {self.region}) for {call}; "
-                                "check the endpoint URL, the region and the network.") from e
-        except botocore.exceptions.ReadTimeoutError as e:
-            endpoint = e.kwargs.get("endpoint_url", "?")
-            raise ProviderError(f"the AWS endpoint {endpoint} did not answer {call} within "
-                                f"{CLIENT_CONFIG.read_timeout} s; check the network (the next poll tries again).") from e
         except botocore.exceptions.ClientError as e:
-            error = e.response.get("Error", {})
-            codes = {error.get("Code"), error.get("QueryErrorCode")}
-            if codes & MISSING_QUEUE_CODES:
+            if client_error_codes(e) & MISSING_QUEUE_CODES:
                 raise ProviderError(f"the SQS queue {self.queue_url} does not exist; create it "
                                     "or fix the queue URL.") from e
-            if codes & ACCESS_DENIED_CODES:
-                raise ProviderError(f"AWS denied {call} to these credentials; grant that permission "
-                                    "to the watcher's user or role.") from e
-            if codes & CREDENTIALS_REJECTED_CODES:
-                raise ProviderError(f"AWS rejected the credentials for {call} ({error.get('Code')}); "
-                                    "check or refresh them (aws configure, environment variables, "
-                                    "or an instance role).") from e
-            message = (error.get("Message") or "no message").rstrip(".")
-            raise ProviderError(f"AWS answered {call} with {error.get('Code')}: {message}.") from e
+            raise aws_error(e, call, self.region, "the watcher's") from e
+        except botocore.exceptions.BotoCoreError as e:
+            raise aws_error(e, call, self.region, "the watcher's") from e

@@ -50,8 +50,7 @@ import boto3
 import botocore.exceptions
 from botocore.config import Config
 
-from transientvod.spot.aws import (ACCESS_DENIED_CODES, CREDENTIALS_REJECTED_CODES, FILTER_VALUES_PER_CALL,
-                                   GONE_STATES, INSTANCE_STATES)
+from transientvod.spot.aws import FILTER_VALUES_PER_CALL, GONE_STATES, INSTANCE_STATES, aws_error, client_error_codes
 from transientvod.spot.provider import ProviderError
 
 log = logging.getLogger(__name__)
@@ -450,40 +449,16 @@ class Fleet:
     @contextlib.contextmanager
     def _aws_errors(self, call: str, let_through: frozenset = frozenset()):
         """Turns botocore's exceptions during `call` into a one-sentence ProviderError (the
-        AWS provider's wording, with the fleet's own cases added); a ClientError whose code is
-        in `let_through` stays as it is, for the caller to handle."""
+        AWS provider's wording, plus a missing image); a ClientError whose code is in
+        `let_through` stays as it is, for the caller to handle."""
         try:
             yield
-        except (botocore.exceptions.NoCredentialsError, botocore.exceptions.PartialCredentialsError) as e:
-            raise ProviderError("no AWS credentials found; configure them (aws configure, environment "
-                                "variables, or an instance role).") from e
-        except botocore.exceptions.NoRegionError as e:
-            raise ProviderError("no AWS region set; pass a region or set AWS_DEFAULT_REGION.") from e
-        except botocore.exceptions.ProfileNotFound as e:
-            raise ProviderError(f"AWS profile {e.kwargs.get('profile')!r} does not exist; "
-                                "fix AWS_PROFILE or add the profile to ~/.aws/config.") from e
-        except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectTimeoutError,
-                botocore.exceptions.ConnectionClosedError) as e:
-            endpoint = e.kwargs.get("endpoint_url", "?")
-            raise ProviderError(f"cannot reach the AWS endpoint {endpoint} (region {self.region}) for {call}; "
-                                "check the endpoint URL, the region and the network.") from e
-        except botocore.exceptions.ReadTimeoutError as e:
-            endpoint = e.kwargs.get("endpoint_url", "?")
-            raise ProviderError(f"the AWS endpoint {endpoint} did not answer {call} within "
-                                f"{CLIENT_CONFIG.read_timeout} s; check the network and try again.") from e
         except botocore.exceptions.ClientError as e:
-            error = e.response.get("Error", {})
-            codes = {error.get("Code"), error.get("QueryErrorCode")}
+            codes = client_error_codes(e)
             if codes & let_through:
                 raise
             if codes & MISSING_IMAGE_CODES:
                 raise self._missing_image_error() from e
-            if codes & ACCESS_DENIED_CODES:
-                raise ProviderError(f"AWS denied {call} to these credentials; grant that permission "
-                                    "to the fleet's user or role.") from e
-            if codes & CREDENTIALS_REJECTED_CODES:
-                raise ProviderError(f"AWS rejected the credentials for {call} ({error.get('Code')}); "
-                                    "check or refresh them (aws configure, environment variables, "
-                                    "or an instance role).") from e
-            message = (error.get("Message") or "no message").rstrip(".")
-            raise ProviderError(f"AWS answered {call} with {error.get('Code')}: {message}.") from e
+            raise aws_error(e, call, self.region, "the fleet's") from e
+        except botocore.exceptions.BotoCoreError as e:
+            raise aws_error(e, call, self.region, "the fleet's") from e
