@@ -28,6 +28,7 @@ MODELS = ("resnet",)
 LR_SCALING_RULES = ("linear", "none")
 LR_SCHEDULES = ("cosine", "constant")
 DEVICES = ("auto", "cpu", "cuda")
+CODECS = ("none", "fp16", "bf16", "int8")
 SPOT_PROVIDERS = ("none", "trace", "aws")
 NOTICE_SOURCES = ("none", "aws", "gce", "hoststate")
 
@@ -101,6 +102,18 @@ class ClusterConfig:
 
 
 @dataclass
+class ExchangeConfig:
+    """How gradients cross the ring (transientvod/exchange.py). staleness 0 with codec none
+    is plain synchronous training through hvd.DistributedOptimizer."""
+    staleness: int = 0  # s: the optimizer at step t applies the averaged gradients of step t - s
+    codec: str = "none"  # none | fp16 | bf16 | int8 (one fp32 scale per block), with error feedback
+    block: int = 512  # int8 elements per scale (256..1024)
+    compress_after: float = 0.1  # fraction of train.steps sent uncompressed first (warm-up)
+    min_compress_elements: int = 65536  # smaller buckets go uncompressed
+    stale_lr: bool = False  # divide the learning rate by 1 + s
+
+
+@dataclass
 class SpotConfig:
     """Where the job's hosts come from. With a provider, the launcher starts the watcher and
     uses launch/spot_hosts.py as the discovery script."""
@@ -142,6 +155,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
     spot: SpotConfig = field(default_factory=SpotConfig)
     notices: NoticeConfig = field(default_factory=NoticeConfig)
 
@@ -218,6 +232,11 @@ def validate(config: Config, source: str = "config") -> None:
     one_of("optimizer.lr_scaling", config.optimizer.lr_scaling, LR_SCALING_RULES)
     one_of("optimizer.schedule", config.optimizer.schedule, LR_SCHEDULES)
     one_of("train.device", config.train.device, DEVICES)
+    one_of("exchange.codec", config.exchange.codec, CODECS)
+    if not 256 <= config.exchange.block <= 1024:
+        fail("exchange.block", f"is {config.exchange.block}; an int8 block holds 256 to 1024 elements.")
+    if not 0.0 <= config.exchange.compress_after <= 1.0:
+        fail("exchange.compress_after", f"is {config.exchange.compress_after}; it is a fraction of the steps (0 to 1).")
     one_of("spot.provider", config.spot.provider, SPOT_PROVIDERS)
     one_of("notices.source", config.notices.source, NOTICE_SOURCES)
     if config.spot.provider == "aws" and not config.spot.job_tag:
@@ -255,6 +274,8 @@ def validate(config: Config, source: str = "config") -> None:
         "train.threads_per_worker": config.train.threads_per_worker,
         "cluster.np": config.cluster.np,
         "cluster.reset_limit": config.cluster.reset_limit,
+        "exchange.staleness": config.exchange.staleness,
+        "exchange.min_compress_elements": config.exchange.min_compress_elements,
         "spot.start_at": config.spot.start_at,
         "spot.notice_seconds": config.spot.notice_seconds,
         "spot.slots": config.spot.slots,

@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import os
+import random
 import sys
 import time
 import zlib
@@ -37,9 +38,28 @@ from transientvod.checkpoint import CheckpointStore, open_store
 from transientvod.config import Config, ConfigError, load_config, to_yaml
 from transientvod.data import DataError, Dataset, load_dataset
 from transientvod.elastic import LearningRateRule, ShardSampler, TransientState
+from transientvod.exchange import GradientExchange
 from transientvod.models import build_model
 
 log = logging.getLogger("transientvod.train")
+
+
+def benchmark_delay():
+    """For benchmarks only, two environment variables that add sleep after each step:
+
+    - TRANSIENTVOD_STEP_SECONDS="S": every rank sleeps S seconds, a stand-in for accelerator
+      time that does not compete for this machine's few cores (so a step costs about the same
+      at any world size, as it does with one GPU per worker);
+    - TRANSIENTVOD_STRAGGLER="RANK:SECONDS": that rank also sleeps a random 0..SECONDS, a
+      straggler the exchange has to absorb.
+    """
+    fixed = float(os.environ.get("TRANSIENTVOD_STEP_SECONDS", "0") or 0)
+    rank_text, _, seconds_text = os.environ.get("TRANSIENTVOD_STRAGGLER", "").partition(":")
+    if not fixed and not seconds_text:
+        return None
+    rng = random.Random(1234)
+    straggler, extra = (int(rank_text), float(seconds_text)) if seconds_text else (-1, 0.0)
+    return lambda: time.sleep(fixed + (rng.uniform(0, extra) if hvd.rank() == straggler else 0.0))
 
 
 def start_notice_watcher(config: Config):
@@ -124,14 +144,24 @@ def train(config: Config) -> None:
     torch.manual_seed(config.train.seed)
     data = load_dataset(config.data, seed=config.train.seed)
     model = build_model(config.model, data.in_channels, data.num_classes).to(device)
-    rule = LearningRateRule(config.optimizer.lr, config.optimizer.lr_scaling, config.optimizer.warmup_steps,
+    ex = config.exchange
+    base_lr = config.optimizer.lr / (1 + ex.staleness) if ex.stale_lr else config.optimizer.lr
+    rule = LearningRateRule(base_lr, config.optimizer.lr_scaling, config.optimizer.warmup_steps,
                             config.optimizer.schedule, config.train.steps)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.optimizer.lr, momentum=config.optimizer.momentum,
+    optimizer = torch.optim.SGD(model.parameters(), lr=base_lr, momentum=config.optimizer.momentum,
                                 weight_decay=config.optimizer.weight_decay)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    exchange = None
+    if ex.staleness == 0 and ex.codec == "none":
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    else:
+        exchange = GradientExchange(optimizer, model.parameters(), staleness=ex.staleness, codec=ex.codec,
+                                    block=ex.block, min_compress_elements=ex.min_compress_elements,
+                                    compress_from_step=int(ex.compress_after * config.train.steps))
     train_set = TensorDataset(data.train_x, data.train_y)
     sampler = ShardSampler(train_set, shuffle=True, seed=config.train.seed)
     state = TransientState(model, optimizer, sampler, rule)
+    if exchange is not None:
+        state.register_reset_callbacks([exchange.reset])
     store = open_store(config.checkpoint_dir, keep_last=config.checkpoint.keep_last)
     record = RunRecord(config.run_dir)
     config_yaml = to_yaml(config)
@@ -146,6 +176,7 @@ def train(config: Config) -> None:
     state.begin(resumed)
 
     watcher = start_notice_watcher(config)
+    straggle = benchmark_delay()
 
     # -- phase 2: train, elastically --------------------------------------------------------
     @hvd.elastic.run
@@ -164,10 +195,18 @@ def train(config: Config) -> None:
                 for group in state.optimizer.param_groups:
                     group["lr"] = lr
                 x, y = x.to(device), y.to(device)
-                state.optimizer.zero_grad()
-                loss = F.cross_entropy(state.model(x), y)
-                loss.backward()
-                state.optimizer.step()
+                if exchange is None:
+                    state.optimizer.zero_grad()
+                    loss = F.cross_entropy(state.model(x), y)
+                    loss.backward()
+                    state.optimizer.step()
+                else:
+                    exchange.zero_grad()  # the .grad tensors are views into its buckets
+                    loss = F.cross_entropy(state.model(x), y)
+                    loss.backward()
+                    exchange.step(state.step)
+                if straggle is not None:
+                    straggle()
                 state.sampler.record_batch(batch_index, len(y))
                 state.step += 1
                 samples_since_log += len(y) * hvd.size()
