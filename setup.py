@@ -3,10 +3,25 @@
 Install with `make install` (or `pip install -e .` after torch and Horovod, see README).
 Horovod is not listed in install_requires: its PyPI release does not build against
 PyTorch 2.x as is, so `launch/install_horovod.sh` builds it (cached) before this step.
-The CUDA extension's build (csrc/, a CUDAExtension when torch is a CUDA build and nvcc is
-present) will be added here by the kernel work.
+The CUDA extension (csrc/: the fused compression kernels) is built as `transientvod._C` when
+TRANSIENTVOD_BUILD_CUDA=1, or =auto (the default) with a CUDA build of torch and nvcc present;
+build it with `TRANSIENTVOD_BUILD_CUDA=1 pip install -e . --no-build-isolation` (pip's
+isolated build has no torch). Without it, CUDA tensors use cupy (NVRTC) or plain PyTorch.
 """
+import os
+import sys
+
 from setuptools import find_packages, setup
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc"))
+from setup_extension import cuda_extensions  # noqa: E402  (csrc/ is not a package)
+
+ext_modules = cuda_extensions()
+cmdclass = {}
+if ext_modules:
+    from torch.utils.cpp_extension import BuildExtension
+
+    cmdclass["build_ext"] = BuildExtension
 
 setup(
     name="transientvod",
@@ -31,4 +46,8 @@ setup(
     ],
     extras_require={"test": ["pytest", "pytest-timeout", "moto[server]"]},
     entry_points={"console_scripts": ["transientvod=transientvod.cli:main"]},
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
+    # the cupy path compiles this text at run time; an installed (non-editable) package finds it here
+    data_files=[("share/transientvod/csrc/cuda", ["csrc/cuda/compress.cuh"])],
 )

@@ -98,3 +98,17 @@ def test_bad_override(tmp_path, override, key):
     done = subprocess.run(TRANSIENTVOD + ["demo", "--set", override], capture_output=True, text=True,
                           timeout=60, cwd=REPO)
     assert_one_sentence(done, key)
+
+
+def test_doctor_names_the_backend_of_each_op():
+    done = subprocess.run(TRANSIENTVOD + ["doctor"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert "compress_ef_" in done.stdout and "-> numba" in done.stdout
+
+
+@pytest.mark.parametrize("value, fragment", [("cuda", "CUDA is not available"), ("bogus", "names no kernel backend")])
+def test_doctor_with_an_unusable_kernel_override(value, fragment):
+    import os
+    done = subprocess.run(TRANSIENTVOD + ["doctor"], capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "TRANSIENTVOD_KERNELS": value})
+    assert_one_sentence(done, fragment)

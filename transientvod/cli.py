@@ -3,6 +3,7 @@
     transientvod demo                     the main job on the embedded digits data, losing and regaining a host
     transientvod train --config FILE [--set section.key=value ...] [--discovery "COMMAND"]
     transientvod watch --config FILE      keep the host-state file for launch/spot_hosts.py current
+    transientvod doctor                   which kernel backend each op uses on this machine, and why
     transientvod fleet --job-tag JOB --instance-types T1,T2 --target N --image-id AMI --price T1=0.9 ...
                                           keep N spot instances alive within a budget, then terminate them
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
 import shutil
 import sys
@@ -54,6 +56,27 @@ def cmd_demo(args) -> int:
 def cmd_train(args) -> int:
     config = load_config(args.config, args.set)
     return finish(run_job(config, args.discovery))
+
+
+def cmd_doctor(args) -> int:
+    import torch
+
+    from transientvod import ops
+
+    devices = [torch.device("cpu")] + ([torch.device("cuda", 0)] if torch.cuda.is_available() else [])
+    ops_names = ("compress_ef_", "decompress_avg_", "dequant_reduce_requant_")
+    print(f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}); "
+          f"{ops.KERNELS_ENV}={os.environ.get(ops.KERNELS_ENV, '') or '(unset)'}")
+    for device in devices:
+        try:
+            backend, why = ops.backend_for(device)
+        except RuntimeError as e:  # an unusable TRANSIENTVOD_KERNELS: one sentence, not a traceback
+            raise ConfigError(str(e)) from None
+        for name in ops_names:
+            print(f"  {name:<26} on {str(device):<6} -> {backend:<6} ({why})")
+    if not torch.cuda.is_available():
+        print("  no CUDA device here: CUDA tensors would use the compiled extension, else cupy, else torch")
+    return 0
 
 
 def cmd_watch(args) -> int:
@@ -136,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     watcher.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                          help="override a config value (repeatable)")
     watcher.set_defaults(func=cmd_watch)
+    doctor = sub.add_parser("doctor", help="which kernel backend each op uses here, and why")
+    doctor.set_defaults(func=cmd_doctor)
     fleet = sub.add_parser("fleet", help="keep N spot instances alive for a job, within a budget")
     fleet.add_argument("--job-tag", required=True, help="value of the transientvod:job tag (what discovery lists)")
     fleet.add_argument("--instance-types", required=True, help="comma-separated, tried in order")

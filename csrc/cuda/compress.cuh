@@ -1,0 +1,495 @@
+// Fused gradient-compression kernels: error feedback + quantization, dequantization + averaging,
+// and the int8 dequantize-reduce-requantize step. No torch headers on purpose: nvcc compiles this
+// text into the extension (through compress.cu), and NVRTC (cupy) compiles the very same text at
+// run time when the extension was not built. The op semantics are the CPU side's
+// (transientvod/ops/reference.py, and cpu.py's numba kernels); every rounding step below is
+// spelled out so that the results agree with them bit for bit:
+//   * __fmul_rn / __fadd_rn / __fsub_rn / __fdiv_rn: each step rounded on its own, never
+//     contracted into an FMA and never approximated, whatever flags the build passes.
+//   * float -> half / bfloat16 rounds to nearest even, like torch's conversions (only a NaN's
+//     bit pattern may differ from the CPU's: NaN either way).
+//   * int8: per block of `block` elements, scale = amax / 127 over the finite values,
+//     q = rint(x / scale) (half to even, like torch.round) clamped to [-127, 127];
+//     an all-zero block has scale 0 and q 0, never NaN.
+//   * non-finite values raise the flag (`nonfinite`):
+//       16-bit payloads: a payload that came out Inf/NaN (x was, or x overflowed the format)
+//       keeps it, and its residual is 0;
+//       int8: x counts as 0 (code 0, residual 0, left out of its block's amax: one NaN must
+//       not wipe out the whole block);
+//       decompression and reduction: any non-finite output, or sum.
+//
+// Layout of this file:
+//   1. device code (kernels), compiled by nvcc and NVRTC (both define __CUDACC__);
+//   2. the launchers' declarations (host), seen by nvcc and by the host compiler of ops.cpp,
+//      hidden from NVRTC (__CUDACC_RTC__), which has no host side.
+#pragma once
+
+#if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#endif
+
+// Constants shared by the kernels, the launchers (compress.cu) and transientvod/ops/cuda.py
+// (tests/test_cuda_sources.py checks that the Python copies match):
+#define TV_THREADS 256        // CTA size of the elementwise kernels; every __launch_bounds__
+#define TV_VEC 8              // elements per 16-byte payload access (8 x 16-bit) in elementwise kernels
+#define TV_QUANT_ITEMS 4      // elements of an int8 block one thread holds in registers
+#define TV_BLOCK_MIN 256      // int8 block sizes the kernels accept (the op contract)
+#define TV_BLOCK_MAX 1024     // = TV_QUANT_ITEMS * TV_THREADS: a block fits one CTA's registers
+
+#if defined(__CUDACC__)
+
+namespace tv {
+
+// Threads per CTA for an int8 block: enough for TV_QUANT_ITEMS elements each, in whole warps
+// (the reductions and the flag vote use full-warp shuffles). ops/cuda.py mirrors this formula.
+__host__ __device__ inline int quant_threads(int block) {
+  const int threads = ((block + TV_QUANT_ITEMS - 1) / TV_QUANT_ITEMS + 31) / 32 * 32;
+  return threads < TV_THREADS ? threads : TV_THREADS;
+}
+
+// Inf or NaN: exponent all ones. A bit test needs no <cmath> under NVRTC.
+__device__ __forceinline__ bool is_finite(float v) {
+  return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u;
+}
+
+template <int BYTES>
+__device__ __forceinline__ bool aligned(const void* p) {
+  return (reinterpret_cast<unsigned long long>(p) & (BYTES - 1)) == 0;
+}
+
+// x = grad * weight + residual, two roundings like the CPU's separate multiply and add.
+__device__ __forceinline__ float error_feedback(float g, float w, float r) {
+  return __fadd_rn(__fmul_rn(g, w), r);
+}
+
+// One warp vote and one atomic per warp, and only when something was non-finite: the common
+// case costs no memory traffic. Every thread of the CTA must call it (full-warp vote).
+__device__ __forceinline__ void report_nonfinite(bool bad, int* flag) {
+  if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) atomicOr(flag, 1);
+}
+
+// 16-bit payloads travel as raw bits (unsigned short) so that the launchers' signatures need
+// no half types; the codecs say how the bits round-trip.
+struct Half {
+  static __device__ __forceinline__ unsigned short encode(float x) {
+    return __half_as_ushort(__float2half_rn(x));
+  }
+  static __device__ __forceinline__ float decode(unsigned short p) {
+    return __half2float(__ushort_as_half(p));
+  }
+};
+
+struct BFloat16 {
+  static __device__ __forceinline__ unsigned short encode(float x) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  }
+  static __device__ __forceinline__ float decode(unsigned short p) {
+    return __bfloat162float(__ushort_as_bfloat16(p));
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// 16-bit payloads: elementwise, grid-stride. When all pointers are 16-byte aligned a thread
+// moves TV_VEC elements per step (two float4 of fp32, one uint4 of payload); the last
+// n % TV_VEC elements (or everything, when unaligned) go one at a time.
+
+template <class Codec>
+__device__ __forceinline__ float compress_one(float g, float w, float r, unsigned short& p,
+                                              bool& bad) {
+  const float x = error_feedback(g, w, r);
+  p = Codec::encode(x);  // Inf/NaN stay in the payload, as with torch's .to()
+  const float sent = Codec::decode(p);
+  if (!is_finite(sent)) {  // also a finite x past the format's range: its error is no residual
+    bad = true;
+    return 0.0f;
+  }
+  return __fsub_rn(x, sent);
+}
+
+template <class Codec>
+__device__ __forceinline__ void compress_ef_16bit(const float* __restrict__ grad,
+                                                  float* __restrict__ residual,
+                                                  unsigned short* __restrict__ payload,
+                                                  float weight, long long n, int* flag) {
+  const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  bool bad = false;
+  long long vectorized = 0;
+  if (aligned<16>(grad) && aligned<16>(residual) && aligned<16>(payload)) {
+    const long long groups = n / TV_VEC;
+    const float4* g4 = reinterpret_cast<const float4*>(grad);
+    float4* r4 = reinterpret_cast<float4*>(residual);
+    uint4* p4 = reinterpret_cast<uint4*>(payload);
+    for (long long i = first; i < groups; i += stride) {
+      const float4 ga = g4[2 * i], gb = g4[2 * i + 1];
+      const float4 ra = r4[2 * i], rb = r4[2 * i + 1];
+      const float g[TV_VEC] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
+      float r[TV_VEC] = {ra.x, ra.y, ra.z, ra.w, rb.x, rb.y, rb.z, rb.w};
+      unsigned short p[TV_VEC];
+#pragma unroll
+      for (int k = 0; k < TV_VEC; ++k) r[k] = compress_one<Codec>(g[k], weight, r[k], p[k], bad);
+      // little endian: element 0 in the low half of the first word
+      p4[i] = make_uint4(p[0] | (unsigned)p[1] << 16, p[2] | (unsigned)p[3] << 16,
+                         p[4] | (unsigned)p[5] << 16, p[6] | (unsigned)p[7] << 16);
+      r4[2 * i] = make_float4(r[0], r[1], r[2], r[3]);
+      r4[2 * i + 1] = make_float4(r[4], r[5], r[6], r[7]);
+    }
+    vectorized = groups * TV_VEC;
+  }
+  for (long long i = vectorized + first; i < n; i += stride) {
+    unsigned short p;
+    residual[i] = compress_one<Codec>(grad[i], weight, residual[i], p, bad);
+    payload[i] = p;
+  }
+  report_nonfinite(bad, flag);
+}
+
+template <class Codec>
+__device__ __forceinline__ void decompress_avg_16bit(const unsigned short* __restrict__ payload,
+                                                     float* __restrict__ out, float inv_n,
+                                                     long long n, int* flag) {
+  const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  bool bad = false;
+  long long vectorized = 0;
+  if (aligned<16>(payload) && aligned<16>(out)) {
+    const long long groups = n / TV_VEC;
+    const uint4* p4 = reinterpret_cast<const uint4*>(payload);
+    float4* o4 = reinterpret_cast<float4*>(out);
+    for (long long i = first; i < groups; i += stride) {
+      const uint4 w = p4[i];
+      const unsigned words[4] = {w.x, w.y, w.z, w.w};
+      float o[TV_VEC];
+#pragma unroll
+      for (int k = 0; k < TV_VEC; ++k) {
+        const unsigned short p = (unsigned short)(words[k / 2] >> (16 * (k % 2)));
+        o[k] = __fmul_rn(Codec::decode(p), inv_n);
+        bad |= !is_finite(o[k]);
+      }
+      o4[2 * i] = make_float4(o[0], o[1], o[2], o[3]);
+      o4[2 * i + 1] = make_float4(o[4], o[5], o[6], o[7]);
+    }
+    vectorized = groups * TV_VEC;
+  }
+  for (long long i = vectorized + first; i < n; i += stride) {
+    const float o = __fmul_rn(Codec::decode(payload[i]), inv_n);
+    bad |= !is_finite(o);
+    out[i] = o;
+  }
+  report_nonfinite(bad, flag);
+}
+
+// An fp32 payload (no compression): four elements per float4.
+__device__ __forceinline__ void decompress_avg_fp32(const float* __restrict__ payload,
+                                                    float* __restrict__ out, float inv_n,
+                                                    long long n, int* flag) {
+  const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  bool bad = false;
+  long long vectorized = 0;
+  if (aligned<16>(payload) && aligned<16>(out)) {
+    const long long groups = n / 4;
+    const float4* p4 = reinterpret_cast<const float4*>(payload);
+    float4* o4 = reinterpret_cast<float4*>(out);
+    for (long long i = first; i < groups; i += stride) {
+      const float4 p = p4[i];
+      const float4 o = make_float4(__fmul_rn(p.x, inv_n), __fmul_rn(p.y, inv_n),
+                                   __fmul_rn(p.z, inv_n), __fmul_rn(p.w, inv_n));
+      bad |= !(is_finite(o.x) && is_finite(o.y) && is_finite(o.z) && is_finite(o.w));
+      o4[i] = o;
+    }
+    vectorized = groups * 4;
+  }
+  for (long long i = vectorized + first; i < n; i += stride) {
+    const float o = __fmul_rn(payload[i], inv_n);
+    bad |= !is_finite(o);
+    out[i] = o;
+  }
+  report_nonfinite(bad, flag);
+}
+
+// ---------------------------------------------------------------------------------------------
+// int8 payloads: one CTA per quantization block (grid-stride over blocks). A thread holds up to
+// TV_QUANT_ITEMS elements of its block in registers, so the block is read once, reduced to its
+// amax, and quantized without a second trip to memory.
+//
+// Which elements a thread holds: with vector access (block % 4 == 0 and aligned pointers) four
+// consecutive ones, so one float4 / one 32-bit word of int8 per array; otherwise elements
+// strided by blockDim, so that neighbouring threads still touch neighbouring addresses.
+
+__device__ __forceinline__ int item_index(bool vec, int k) {
+  return vec ? TV_QUANT_ITEMS * threadIdx.x + k : k * blockDim.x + threadIdx.x;
+}
+
+// True when this thread's four elements are all inside the block and can move as one vector.
+__device__ __forceinline__ bool whole_vector(bool vec, int len) {
+  return vec && TV_QUANT_ITEMS * (int)threadIdx.x + TV_QUANT_ITEMS <= len;
+}
+
+// Elements past the end of the block (the bucket's last, short block) read as 0, which leaves
+// the block's amax unchanged.
+__device__ __forceinline__ void load_items(const float* __restrict__ p, bool vec, int len,
+                                           float v[TV_QUANT_ITEMS]) {
+  if (whole_vector(vec, len)) {
+    const float4 t = reinterpret_cast<const float4*>(p)[threadIdx.x];
+    v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < TV_QUANT_ITEMS; ++k) {
+    const int i = item_index(vec, k);
+    v[k] = i < len ? p[i] : 0.0f;
+  }
+}
+
+__device__ __forceinline__ void store_items(float* __restrict__ p, bool vec, int len,
+                                            const float v[TV_QUANT_ITEMS]) {
+  if (whole_vector(vec, len)) {
+    reinterpret_cast<float4*>(p)[threadIdx.x] = make_float4(v[0], v[1], v[2], v[3]);
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < TV_QUANT_ITEMS; ++k) {
+    const int i = item_index(vec, k);
+    if (i < len) p[i] = v[k];
+  }
+}
+
+__device__ __forceinline__ void load_codes(const signed char* __restrict__ q, bool vec, int len,
+                                           float v[TV_QUANT_ITEMS]) {
+  if (whole_vector(vec, len)) {
+    const unsigned w = reinterpret_cast<const unsigned*>(q)[threadIdx.x];
+#pragma unroll
+    for (int k = 0; k < TV_QUANT_ITEMS; ++k) v[k] = (float)(signed char)(w >> (8 * k));
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < TV_QUANT_ITEMS; ++k) {
+    const int i = item_index(vec, k);
+    v[k] = i < len ? (float)q[i] : 0.0f;
+  }
+}
+
+// The codes arrive as floats holding integers in [-127, 127]: exact in the conversion.
+__device__ __forceinline__ void store_codes(signed char* __restrict__ q, bool vec, int len,
+                                            const float v[TV_QUANT_ITEMS]) {
+  if (whole_vector(vec, len)) {
+    unsigned w = 0;
+#pragma unroll
+    for (int k = 0; k < TV_QUANT_ITEMS; ++k) w |= ((unsigned)(int)v[k] & 0xffu) << (8 * k);
+    reinterpret_cast<unsigned*>(q)[threadIdx.x] = w;
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < TV_QUANT_ITEMS; ++k) {
+    const int i = item_index(vec, k);
+    if (i < len) q[i] = (signed char)(int)v[k];
+  }
+}
+
+// Max over the CTA: shuffles within each warp, then every thread reads the few warp results
+// from shared memory (saves a second barrier-and-broadcast round). The trailing barrier lets the
+// next block of the grid-stride loop reuse `warp_max`. fmaxf is exact, so the order is free.
+__device__ __forceinline__ float block_max(float v, float* warp_max) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = 0.0f;
+  for (int w = 0; w < (int)(blockDim.x >> 5); ++w) v = fmaxf(v, warp_max[w]);
+  __syncthreads();
+  return v;
+}
+
+// The int8 rule on one block held in registers; x[] is finite (non-finite values were replaced
+// by 0 and flagged by the caller). Returns the block's scale; q[] gets the codes as floats.
+__device__ __forceinline__ float quantize_block(const float x[TV_QUANT_ITEMS],
+                                                float q[TV_QUANT_ITEMS], float* warp_max) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int k = 0; k < TV_QUANT_ITEMS; ++k) amax = fmaxf(amax, fabsf(x[k]));
+  amax = block_max(amax, warp_max);
+  const float scale = __fdiv_rn(amax, 127.0f);
+#pragma unroll
+  for (int k = 0; k < TV_QUANT_ITEMS; ++k)
+    q[k] = scale == 0.0f ? 0.0f
+                         : fminf(fmaxf(rintf(__fdiv_rn(x[k], scale)), -127.0f), 127.0f);
+  return scale;
+}
+
+}  // namespace tv
+
+// ---------------------------------------------------------------------------------------------
+// Kernel entry points: C names, so that cupy's get_function finds them without name mangling.
+
+extern "C" __global__ void __launch_bounds__(TV_THREADS)
+tv_compress_ef_f16_kernel(const float* __restrict__ grad, float* __restrict__ residual,
+                          unsigned short* __restrict__ payload, float weight, long long n,
+                          int* flag) {
+  tv::compress_ef_16bit<tv::Half>(grad, residual, payload, weight, n, flag);
+}
+
+extern "C" __global__ void __launch_bounds__(TV_THREADS)
+tv_compress_ef_bf16_kernel(const float* __restrict__ grad, float* __restrict__ residual,
+                           unsigned short* __restrict__ payload, float weight, long long n,
+                           int* flag) {
+  tv::compress_ef_16bit<tv::BFloat16>(grad, residual, payload, weight, n, flag);
+}
+
+extern "C" __global__ void __launch_bounds__(TV_THREADS)
+tv_decompress_avg_f16_kernel(const unsigned short* __restrict__ payload, float* __restrict__ out,
+                             float inv_n, long long n, int* flag) {
+  tv::decompress_avg_16bit<tv::Half>(payload, out, inv_n, n, flag);
+}
+
+extern "C" __global__ void __launch_bounds__(TV_THREADS)
+tv_decompress_avg_bf16_kernel(const unsigned short* __restrict__ payload,
+                              float* __restrict__ out, float inv_n, long long n, int* flag) {
+  tv::decompress_avg_16bit<tv::BFloat16>(payload, out, inv_n, n, flag);
+}
+
+extern "C" __global__ void __launch_bounds__(TV_THREADS)
+tv_decompress_avg_f32_kernel(const float* __restrict__ payload, float* __restrict__ out,
+                             float inv_n, long long n, int* flag) {
+  tv::decompress_avg_fp32(payload, out, inv_n, n, flag);
+}
+
+// blockDim.x must be tv::quant_threads(block); block in [TV_BLOCK_MIN, TV_BLOCK_MAX];
+// scales has ceil(n / block) entries.
+extern "C" __global__ void __launch_bounds__(TV_THREADS)
+tv_compress_ef_i8_kernel(const float* __restrict__ grad, float* __restrict__ residual,
+                         signed char* __restrict__ q, float* __restrict__ scales, float weight,
+                         long long n, int block, int* flag) {
+  __shared__ float warp_max[TV_THREADS / 32];
+  // block % 4 == 0 keeps every block's start as aligned as the bucket's start.
+  const bool vec = block % TV_QUANT_ITEMS == 0 && tv::aligned<16>(grad) &&
+                   tv::aligned<16>(residual) && tv::aligned<4>(q);
+  const long long blocks = (n + block - 1) / block;
+  bool bad = false;
+  for (long long b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const long long start = b * block;
+    const int len = n - start < block ? (int)(n - start) : block;
+    float x[TV_QUANT_ITEMS], r[TV_QUANT_ITEMS], codes[TV_QUANT_ITEMS];
+    tv::load_items(grad + start, vec, len, x);
+    tv::load_items(residual + start, vec, len, r);
+#pragma unroll
+    for (int k = 0; k < TV_QUANT_ITEMS; ++k) {
+      x[k] = tv::error_feedback(x[k], weight, r[k]);
+      if (!tv::is_finite(x[k])) {  // code 0 and residual 0 follow from x = 0
+        bad |= tv::item_index(vec, k) < len;  // padding (0 * an Inf weight) is no finding
+        x[k] = 0.0f;
+      }
+    }
+    const float scale = tv::quantize_block(x, codes, warp_max);
+    if (threadIdx.x == 0) scales[b] = scale;
+#pragma unroll
+    for (int k = 0; k < TV_QUANT_ITEMS; ++k) r[k] = __fsub_rn(x[k], __fmul_rn(codes[k], scale));
+    tv::store_items(residual + start, vec, len, r);
+    tv::store_codes(q + start, vec, len, codes);
+  }
+  tv::report_nonfinite(bad, flag);
+}
+
+// Same launch contract as tv_compress_ef_i8_kernel.
+extern "C" __global__ void __launch_bounds__(TV_THREADS)
+tv_decompress_avg_i8_kernel(const signed char* __restrict__ q, const float* __restrict__ scales,
+                            float* __restrict__ out, float inv_n, long long n, int block,
+                            int* flag) {
+  const bool vec = block % TV_QUANT_ITEMS == 0 && tv::aligned<4>(q) && tv::aligned<16>(out);
+  const long long blocks = (n + block - 1) / block;
+  bool bad = false;
+  for (long long b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const long long start = b * block;
+    const int len = n - start < block ? (int)(n - start) : block;
+    const float scale = scales[b];
+    float v[TV_QUANT_ITEMS];
+    tv::load_codes(q + start, vec, len, v);
+#pragma unroll
+    for (int k = 0; k < TV_QUANT_ITEMS; ++k) {
+      v[k] = __fmul_rn(__fmul_rn(v[k], scale), inv_n);
+      // padding items past the block's end are 0 * scale: finite unless the scale is not,
+      // so they are judged only when real
+      if (tv::item_index(vec, k) < len) bad |= !tv::is_finite(v[k]);
+    }
+    tv::store_items(out + start, vec, len, v);
+  }
+  tv::report_nonfinite(bad, flag);
+}
+
+// q_in is [k, m] and scales_in [k, ceil(m / block)], both row-major; q_out [m], scales_out
+// [ceil(m / block)]. Same launch contract as tv_compress_ef_i8_kernel. Sums in row order.
+extern "C" __global__ void __launch_bounds__(TV_THREADS)
+tv_dequant_reduce_requant_i8_kernel(const signed char* __restrict__ q_in,
+                                    const float* __restrict__ scales_in, int k, long long m,
+                                    signed char* __restrict__ q_out,
+                                    float* __restrict__ scales_out, int block, int* flag) {
+  __shared__ float warp_max[TV_THREADS / 32];
+  // every row must start 4-byte aligned too, hence m % 4 == 0
+  const bool vec = block % TV_QUANT_ITEMS == 0 && m % TV_QUANT_ITEMS == 0 &&
+                   tv::aligned<4>(q_in) && tv::aligned<4>(q_out);
+  const long long blocks = (m + block - 1) / block;
+  bool bad = false;
+  for (long long b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const long long start = b * block;
+    const int len = m - start < block ? (int)(m - start) : block;
+    float sum[TV_QUANT_ITEMS] = {0.0f, 0.0f, 0.0f, 0.0f}, codes[TV_QUANT_ITEMS];
+#pragma unroll 4
+    for (int row = 0; row < k; ++row) {
+      const float scale = scales_in[row * blocks + b];
+      float v[TV_QUANT_ITEMS];
+      tv::load_codes(q_in + row * m + start, vec, len, v);
+#pragma unroll
+      for (int j = 0; j < TV_QUANT_ITEMS; ++j) sum[j] = __fadd_rn(sum[j], __fmul_rn(v[j], scale));
+    }
+#pragma unroll
+    for (int j = 0; j < TV_QUANT_ITEMS; ++j) {
+      if (!tv::is_finite(sum[j])) {  // only a non-finite input scale gets here
+        bad |= tv::item_index(vec, j) < len;
+        sum[j] = 0.0f;
+      }
+    }
+    const float scale = tv::quantize_block(sum, codes, warp_max);
+    if (threadIdx.x == 0) scales_out[b] = scale;
+    tv::store_codes(q_out + start, vec, len, codes);
+  }
+  tv::report_nonfinite(bad, flag);
+}
+
+#endif  // __CUDACC__
+
+// ---------------------------------------------------------------------------------------------
+// Launchers (defined in compress.cu): raw pointers, sizes, a stream; no allocation. Each ORs 1
+// into *flag (a device int the caller zeroed) when it meets a non-finite value, and returns the
+// launch's error (cudaSuccess when n is 0 and nothing was launched).
+
+#if !defined(__CUDACC_RTC__)
+#include <cuda_runtime_api.h>
+
+extern "C" {
+
+cudaError_t tv_compress_ef_f16(const float* grad, float* residual, unsigned short* payload,
+                               float weight, long long n, int* flag, cudaStream_t stream);
+cudaError_t tv_compress_ef_bf16(const float* grad, float* residual, unsigned short* payload,
+                                float weight, long long n, int* flag, cudaStream_t stream);
+cudaError_t tv_compress_ef_i8(const float* grad, float* residual, signed char* q, float* scales,
+                              float weight, long long n, int block, int* flag,
+                              cudaStream_t stream);
+
+cudaError_t tv_decompress_avg_f16(const unsigned short* payload, float* out, float inv_n,
+                                  long long n, int* flag, cudaStream_t stream);
+cudaError_t tv_decompress_avg_bf16(const unsigned short* payload, float* out, float inv_n,
+                                   long long n, int* flag, cudaStream_t stream);
+cudaError_t tv_decompress_avg_f32(const float* payload, float* out, float inv_n, long long n,
+                                  int* flag, cudaStream_t stream);
+cudaError_t tv_decompress_avg_i8(const signed char* q, const float* scales, float* out,
+                                 float inv_n, long long n, int block, int* flag,
+                                 cudaStream_t stream);
+
+cudaError_t tv_dequant_reduce_requant_i8(const signed char* q_in, const float* scales_in, int k,
+                                         long long m, signed char* q_out, float* scales_out,
+                                         int block, int* flag, cudaStream_t stream);
+
+}  // extern "C"
+#endif  // !__CUDACC_RTC__

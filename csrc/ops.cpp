@@ -1,0 +1,161 @@
+// The fused compression ops' schema and their CUDA implementation (the CPU side is numba, in
+// transientvod/ops/cpu.py). Thin on purpose: check the tensors, then call the launchers of
+// cuda/compress.cuh on torch's current stream. Each op ORs 1 into `flag` (int32, one element,
+// zeroed by the caller) when it meets NaN/Inf; transientvod/ops/cuda.py reads it back.
+#include <Python.h>
+
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>  // not ATen/cuda/CUDAContext.h: that one pulls in cuSPARSE
+#include <torch/library.h>
+
+#include <optional>
+
+#include "cuda/compress.cuh"
+
+namespace {
+
+void check_tensor(const at::Tensor& t, const char* name, at::ScalarType dtype, int64_t numel,
+                  const at::Device& device) {
+  TORCH_CHECK(t.device() == device, name, " must be on ", device, ", not ", t.device());
+  TORCH_CHECK(t.scalar_type() == dtype, name, " must be ", dtype, ", not ", t.scalar_type());
+  TORCH_CHECK(t.is_contiguous() && t.numel() == numel, name,
+              " must be contiguous with ", numel, " elements");
+}
+
+int64_t blocks_of(int64_t n, int64_t block) {
+  TORCH_CHECK(block >= TV_BLOCK_MIN && block <= TV_BLOCK_MAX, "block must be in [",
+              TV_BLOCK_MIN, ", ", TV_BLOCK_MAX, "], not ", block);
+  return (n + block - 1) / block;
+}
+
+const at::Tensor& int8_scales(const std::optional<at::Tensor>& scales) {
+  TORCH_CHECK(scales.has_value(), "an int8 payload needs its scales tensor");
+  return *scales;
+}
+
+void compress_ef(const at::Tensor& grad, at::Tensor& residual, at::Tensor& payload,
+                 double weight, const std::optional<at::Tensor>& scales, int64_t block,
+                 at::Tensor& flag) {
+  const int64_t n = grad.numel();
+  const at::Device device = grad.device();
+  check_tensor(grad, "grad", at::kFloat, n, device);
+  check_tensor(residual, "residual", at::kFloat, n, device);
+  check_tensor(payload, "payload", payload.scalar_type(), n, device);
+  check_tensor(flag, "flag", at::kInt, 1, device);
+  const c10::cuda::CUDAGuard guard(device);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const float w = static_cast<float>(weight);  // the CPU side multiplies by a float32 too
+  int* f = flag.mutable_data_ptr<int>();
+  switch (payload.scalar_type()) {
+    case at::kHalf:
+      C10_CUDA_CHECK(tv_compress_ef_f16(grad.const_data_ptr<float>(),
+                                        residual.mutable_data_ptr<float>(),
+                                        static_cast<unsigned short*>(payload.mutable_data_ptr()),
+                                        w, n, f, stream));
+      break;
+    case at::kBFloat16:
+      C10_CUDA_CHECK(tv_compress_ef_bf16(grad.const_data_ptr<float>(),
+                                         residual.mutable_data_ptr<float>(),
+                                         static_cast<unsigned short*>(payload.mutable_data_ptr()),
+                                         w, n, f, stream));
+      break;
+    case at::kChar: {
+      const at::Tensor& s = int8_scales(scales);
+      check_tensor(s, "scales", at::kFloat, blocks_of(n, block), device);
+      C10_CUDA_CHECK(tv_compress_ef_i8(grad.const_data_ptr<float>(),
+                                       residual.mutable_data_ptr<float>(),
+                                       payload.mutable_data_ptr<int8_t>(),
+                                       s.mutable_data_ptr<float>(), w, n, block, f, stream));
+      break;
+    }
+    default:
+      TORCH_CHECK(false, "payload must be float16, bfloat16 or int8, not ", payload.scalar_type());
+  }
+}
+
+void decompress_avg(const at::Tensor& payload, at::Tensor& out, double inv_n,
+                    const std::optional<at::Tensor>& scales, int64_t block, at::Tensor& flag) {
+  const int64_t n = payload.numel();
+  const at::Device device = payload.device();
+  check_tensor(payload, "payload", payload.scalar_type(), n, device);
+  check_tensor(out, "out", at::kFloat, n, device);
+  check_tensor(flag, "flag", at::kInt, 1, device);
+  const c10::cuda::CUDAGuard guard(device);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const float s_inv = static_cast<float>(inv_n);
+  int* f = flag.mutable_data_ptr<int>();
+  switch (payload.scalar_type()) {
+    case at::kHalf:
+      C10_CUDA_CHECK(tv_decompress_avg_f16(
+          static_cast<const unsigned short*>(payload.const_data_ptr()),
+          out.mutable_data_ptr<float>(), s_inv, n, f, stream));
+      break;
+    case at::kBFloat16:
+      C10_CUDA_CHECK(tv_decompress_avg_bf16(
+          static_cast<const unsigned short*>(payload.const_data_ptr()),
+          out.mutable_data_ptr<float>(), s_inv, n, f, stream));
+      break;
+    case at::kFloat:
+      C10_CUDA_CHECK(tv_decompress_avg_f32(payload.const_data_ptr<float>(),
+                                           out.mutable_data_ptr<float>(), s_inv, n, f, stream));
+      break;
+    case at::kChar: {
+      const at::Tensor& s = int8_scales(scales);
+      check_tensor(s, "scales", at::kFloat, blocks_of(n, block), device);
+      C10_CUDA_CHECK(tv_decompress_avg_i8(payload.const_data_ptr<int8_t>(),
+                                          s.const_data_ptr<float>(),
+                                          out.mutable_data_ptr<float>(), s_inv, n, block, f,
+                                          stream));
+      break;
+    }
+    default:
+      TORCH_CHECK(false, "payload must be float32, float16, bfloat16 or int8, not ",
+                  payload.scalar_type());
+  }
+}
+
+void dequant_reduce_requant(const at::Tensor& q_in, const at::Tensor& scales_in,
+                            at::Tensor& q_out, at::Tensor& scales_out, int64_t block,
+                            at::Tensor& flag) {
+  TORCH_CHECK(q_in.dim() == 2, "q_in must be [k, m], not ", q_in.sizes());
+  const int64_t k = q_in.size(0), m = q_in.size(1), blocks = blocks_of(m, block);
+  TORCH_CHECK(k <= INT32_MAX, "q_in has too many rows: ", k);
+  const at::Device device = q_in.device();
+  check_tensor(q_in, "q_in", at::kChar, k * m, device);
+  check_tensor(scales_in, "scales_in", at::kFloat, k * blocks, device);
+  check_tensor(q_out, "q_out", at::kChar, m, device);
+  check_tensor(scales_out, "scales_out", at::kFloat, blocks, device);
+  check_tensor(flag, "flag", at::kInt, 1, device);
+  const c10::cuda::CUDAGuard guard(device);
+  C10_CUDA_CHECK(tv_dequant_reduce_requant_i8(
+      q_in.const_data_ptr<int8_t>(), scales_in.const_data_ptr<float>(), static_cast<int>(k), m,
+      q_out.mutable_data_ptr<int8_t>(), scales_out.mutable_data_ptr<float>(), block,
+      flag.mutable_data_ptr<int>(), c10::cuda::getCurrentCUDAStream()));
+}
+
+}  // namespace
+
+// Rows of `q_in`/`scales_in` are the k contributions, summed in row order.
+TORCH_LIBRARY(transientvod, m) {
+  m.def("compress_ef_(Tensor grad, Tensor(a!) residual, Tensor(b!) payload, float weight, "
+        "Tensor(c!)? scales, int block, Tensor(d!) flag) -> ()");
+  m.def("decompress_avg_(Tensor payload, Tensor(a!) out, float inv_n, Tensor? scales, "
+        "int block, Tensor(b!) flag) -> ()");
+  m.def("dequant_reduce_requant_(Tensor q_in, Tensor scales_in, Tensor(a!) q_out, "
+        "Tensor(b!) scales_out, int block, Tensor(c!) flag) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(transientvod, CUDA, m) {
+  m.impl("compress_ef_", &compress_ef);
+  m.impl("decompress_avg_", &decompress_avg);
+  m.impl("dequant_reduce_requant_", &dequant_reduce_requant);
+}
+
+// `import transientvod._C` loads this library, which registers the ops above; the module
+// itself is empty (the ops live under torch.ops.transientvod).
+PyMODINIT_FUNC PyInit__C(void) {
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module);
+}

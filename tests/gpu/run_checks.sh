@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# Every check of the CUDA kernels that needs a GPU, in one run on a GPU host:
+#   1. csrc/check_compile.sh        all architectures compile, no register spills
+#   2. build transientvod._C        TRANSIENTVOD_BUILD_CUDA=1 pip install -e . --no-build-isolation
+#   3. cuda == cpu.py               each op on CUDA vs the numba kernels, bit for bit, sizes at
+#                                   block boundaries, misaligned views, NaN/Inf (every backend)
+#   4. tests/test_ops.py            the ops' own tests (their CUDA parametrization), every backend
+#   5. benchmarks/kernels.py --device cuda
+# Backends (TRANSIENTVOD_KERNELS): cuda = the extension, and cupy (NVRTC) when it is installed.
+# Usage: bash tests/gpu/run_checks.sh          (env: PYTHON, default .venv/bin/python)
+# Prints one line per step, then the tail of each failed step's log; exit 0 only if none failed.
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
+PY=${PYTHON:-}
+if [[ -z $PY ]]; then
+    if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
+fi
+logs=$(mktemp -d)
+results=()
+failures=()
+
+# step NAME COMMAND...: runs COMMAND with its output in a log (last_log); records PASS/FAIL.
+step() {
+    local name=$1 log start=$SECONDS
+    shift
+    log="$logs/step${#results[@]}.log"
+    last_log=$log
+    if "$@" >"$log" 2>&1; then
+        results+=("PASS  $name ($((SECONDS - start)) s)")
+    else
+        results+=("FAIL  $name ($((SECONDS - start)) s)")
+        failures+=("$name|$log")
+    fi
+}
+skip() { results+=("SKIP  $1: $2"); }
+
+report() {
+    echo "== run_checks: $("$PY" -c 'import torch; print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}")' 2>/dev/null)"
+    printf '%s\n' "${results[@]}"
+    local f
+    for f in "${failures[@]}"; do
+        echo "-- ${f%%|*}: last lines of its log"
+        tail -n 25 "${f#*|}"
+    done
+    rm -rf "$logs"
+    if ((${#failures[@]})); then
+        echo "run_checks: FAILED (${#failures[@]} step(s))"
+        exit 1
+    fi
+    echo "run_checks: PASSED"
+}
+
+if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.version.cuda and torch.cuda.is_available() else 1)' 2>/dev/null; then
+    echo "run_checks: $PY has no CUDA torch or sees no GPU; run this on a GPU host with a CUDA build of torch."
+    exit 1
+fi
+
+# 1. compile check, with the toolkit the extension will be built with
+step "check_compile.sh (all architectures, no spills)" env PYTHON="$PY" bash csrc/check_compile.sh
+
+# 2. the extension, built into the checkout (no network: --no-deps)
+step "build transientvod._C" env TRANSIENTVOD_BUILD_CUDA=1 \
+    "$PY" -m pip install --no-build-isolation --no-deps -e .
+step "import transientvod._C (setup.py builds it)" "$PY" -c 'import torch, transientvod._C
+print(torch.ops.transientvod.compress_ef_)'
+
+backends=(cuda)
+if "$PY" -c 'import cupy' 2>/dev/null; then
+    backends+=(cupy)
+else
+    skip "cupy backend" "cupy is not installed"
+fi
+
+# 3. the CUDA ops against the numba kernels, bit for bit (fp16/bf16 NaN payloads compared as NaN)
+cat >"$logs/agree.py" <<'EOF'
+import numpy as np
+import torch
+
+from transientvod.ops import cpu, cuda
+
+ok, why = cuda.available()
+assert ok, why
+print("backend:", cuda.BACKEND, "-", why)
+rng = np.random.default_rng(0)
+dev = torch.device("cuda")
+
+
+def data(n, offset, scale=1.0):
+    x = torch.from_numpy((rng.standard_normal(n + offset) * scale).astype(np.float32))[offset:]
+    if n > 8:
+        x[[1, n // 2, n - 1]] = torch.tensor([float("nan"), float("inf"), 7e4])  # 7e4: fp16 overflow
+    return x
+
+
+def on_gpu(t, offset):  # the same values in a view `offset` elements into its storage
+    g = torch.empty(t.numel() + offset, dtype=t.dtype, device=dev)[offset:]
+    return g.copy_(t)
+
+
+def same(a, b, what):
+    a, b = a.cpu(), b.cpu()
+    if a.is_floating_point():
+        assert torch.equal(torch.isnan(a), torch.isnan(b)), what
+        a, b = a.nan_to_num(0.0), b.nan_to_num(0.0)
+    if a.dtype in (torch.float16, torch.bfloat16):  # numpy has no bfloat16
+        a, b = a.view(torch.int16), b.view(torch.int16)
+    assert a.numpy().tobytes() == b.numpy().tobytes(), what
+
+
+cases = 0
+for n in (0, 1, 255, 256, 257, 4097, 2**20 + 3):
+    for offset in (0, 1):
+        for dtype, block in ((torch.float16, 512), (torch.bfloat16, 512), (torch.int8, 256),
+                             (torch.int8, 300), (torch.int8, 1024)):
+            what = f"n={n} offset={offset} {dtype} block={block}"
+            grad, res = data(n, offset), data(n, offset, 1e-3).nan_to_num(0.0, 0.0, 0.0)
+            nb = -(-n // block)
+            r_c, p_c, s_c = res.clone(), torch.zeros(n, dtype=dtype), torch.zeros(nb)
+            bad_c = cpu.compress_ef_(grad, r_c, p_c, 0.3, s_c if dtype == torch.int8 else None, block)
+            r_g, p_g, s_g = on_gpu(res, offset), on_gpu(torch.zeros(n, dtype=dtype), offset), torch.zeros(nb, device=dev)
+            bad_g = cuda.compress_ef_(on_gpu(grad, offset), r_g, p_g, 0.3, s_g if dtype == torch.int8 else None, block)
+            same(p_c, p_g, what + " payload")
+            same(r_c, r_g, what + " residual")
+            same(s_c, s_g, what + " scales")
+            assert bad_c == bad_g, what + " flag"
+            o_c, o_g = torch.zeros(n), on_gpu(torch.zeros(n), offset)
+            bad_c = cpu.decompress_avg_(p_c, o_c, 0.25, s_c if dtype == torch.int8 else None, block)
+            bad_g = cuda.decompress_avg_(p_g, o_g, 0.25, s_g if dtype == torch.int8 else None, block)
+            same(o_c, o_g, what + " decompress")
+            assert bad_c == bad_g, what + " decompress flag"
+            cases += 1
+        for k, block in ((1, 512), (4, 300), (8, 1024)):
+            nb = -(-n // block)
+            q = torch.from_numpy(rng.integers(-127, 128, (k, n), dtype=np.int8))
+            s = torch.from_numpy(rng.random((k, nb), dtype=np.float32))
+            q_c, s_c = torch.zeros(n, dtype=torch.int8), torch.zeros(nb)
+            bad_c = cpu.dequant_reduce_requant_(q, s, q_c, s_c, block)
+            q_g, s_g = on_gpu(q_c, offset), torch.zeros(nb, device=dev)
+            bad_g = cuda.dequant_reduce_requant_(q.to(dev), s.to(dev), q_g, s_g, block)
+            same(q_c, q_g, f"reduce n={n} k={k} block={block}")
+            same(s_c, s_g, f"reduce scales n={n} k={k} block={block}")
+            assert bad_c == bad_g, f"reduce flag n={n} k={k}"
+            cases += 1
+torch.cuda.synchronize()
+print(f"cuda == cpu.py in {cases} cases")
+EOF
+
+for backend in "${backends[@]}"; do
+    step "cuda == cpu.py, TRANSIENTVOD_KERNELS=$backend" env TRANSIENTVOD_KERNELS="$backend" \
+        "$PY" "$logs/agree.py"
+    if [[ -f tests/test_ops.py ]]; then
+        step "pytest tests/test_ops.py, TRANSIENTVOD_KERNELS=$backend" env TRANSIENTVOD_KERNELS="$backend" \
+            "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_ops.py
+    else
+        skip "pytest tests/test_ops.py" "the file does not exist yet"
+    fi
+done
+
+# 5. the benchmark: its own report, shown before the summary
+if [[ -f benchmarks/kernels.py ]]; then
+    step "benchmarks/kernels.py --device cuda" "$PY" benchmarks/kernels.py --device cuda
+    echo "== benchmarks/kernels.py --device cuda (last lines)"
+    tail -n 20 "$last_log"
+else
+    skip "benchmarks/kernels.py" "the file does not exist yet"
+fi
+
+report
