@@ -101,6 +101,10 @@ def pick_device(config: Config) -> torch.device:
     # Local slots share the cores: give each an equal part so they don't oversubscribe.
     threads = config.train.threads_per_worker or max(1, (os.cpu_count() or 1) // hvd.local_size())
     torch.set_num_threads(threads)
+    # The numba kernels have their own thread pool, sized to every core by default: with
+    # several workers per machine its threads would fight the other workers' for the cores.
+    import numba
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     return torch.device("cpu")
 
 

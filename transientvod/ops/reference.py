@@ -1,0 +1,217 @@
+"""The fused gradient-compression ops in plain PyTorch: the oracle every backend is tested against.
+
+Each `reference_*` function computes exactly the float32 operations the kernels do, in the
+same order, as separate PyTorch ops, so a correct kernel matches it bit for bit (payload,
+residual, q, scales, out); the tests compare with no tolerance. What makes that possible:
+
+- `weight` and `inv_n` are rounded to float32 first; every product and sum is one float32
+  operation rounded to nearest-even, never a fused multiply-add (a CUDA kernel must use
+  `__fmul_rn` / `__fadd_rn`, or nvcc contracts `g * w + r` into an FMA);
+- fp16 / bf16 rounding is `Tensor.to`, which rounds to nearest-even with subnormals and
+  overflow to inf; any NaN stays a NaN (its bits may differ between backends, nothing else may);
+- int8 divides by the block's scale (a true division, never a multiply by the reciprocal:
+  PyTorch on CUDA turns a division by a Python scalar into one, so the divisors here are tensors)
+  and rounds half to even (`torch.round`).
+
+The functions also hold the ops' contract: the `check_*` functions raise the one-sentence
+`ValueError` every backend gives for a bad call; `transientvod.ops` calls them before dispatch.
+Unlike the kernels, these functions allocate temporaries.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+MIN_BLOCK, MAX_BLOCK = 256, 1024
+PAYLOAD_DTYPES = (torch.float16, torch.bfloat16, torch.int8)
+# decompress_avg_ also takes a float32 payload: bf16 payloads travel by allgather and are
+# summed in float32 before they are averaged.
+SUMMED_DTYPES = PAYLOAD_DTYPES + (torch.float32,)
+INT8_MAX = 127.0
+
+
+# ---------------------------------------------------------------------------------------------
+# The contract: argument checks shared by every backend.
+
+
+def nblocks(n: int, block: int) -> int:
+    """How many int8 scales a bucket of n elements has: ceil(n / block)."""
+    return -(-n // block)
+
+
+def as_float32(name: str, value) -> float:
+    """A Python number as the float32 value the kernels use (a Python float that float32 holds)."""
+    try:
+        return float(np.float32(float(value)))
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} is {value!r}; it must be a real number.") from None
+
+
+def _tensor(name: str, t, dtypes: tuple, dim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} is a {type(t).__name__}; it must be a torch.Tensor.")
+    if t.dtype not in dtypes:
+        allowed = " or ".join(str(d) for d in dtypes)
+        raise ValueError(f"{name} is {t.dtype}; it must be {allowed}.")
+    if t.dim() != dim:
+        shape = "a flat 1-D bucket" if dim == 1 else "a 2-D [ranks, elements] tensor"
+        raise ValueError(f"{name} has shape {tuple(t.shape)}; it must be {shape}.")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} is not contiguous; the ops take contiguous buckets (call .contiguous()).")
+
+
+def _same_device(named: dict) -> None:
+    devices = {name: t.device for name, t in named.items() if t is not None}
+    first_name, first = next(iter(devices.items()))
+    for name, device in devices.items():
+        if device != first:
+            raise ValueError(f"{name} is on {device} but {first_name} is on {first}; "
+                             f"all tensors of one call must be on one device.")
+
+
+def _same_numel(name: str, t: torch.Tensor, other: str, n: int) -> None:
+    if t.numel() != n:
+        raise ValueError(f"{name} has {t.numel()} elements but {other} has {n}; they must match.")
+
+
+def _block(block) -> None:
+    if isinstance(block, bool) or not isinstance(block, int) or not MIN_BLOCK <= block <= MAX_BLOCK:
+        raise ValueError(f"block is {block!r}; an int8 block holds {MIN_BLOCK} to {MAX_BLOCK} elements.")
+
+
+def _scales(name: str, scales, payload_dtype: torch.dtype, n: int, block, dim: int = 1, ranks: int = 1) -> None:
+    if payload_dtype != torch.int8:
+        if scales is not None:
+            raise ValueError(f"{name} is given but the payload is {payload_dtype}; "
+                             f"scales belong to int8 payloads only.")
+        return
+    _block(block)
+    nb = nblocks(n, block)
+    if scales is None:
+        raise ValueError(f"an int8 payload needs {name}: a float32 tensor of ceil(n / block) = {nb} elements.")
+    _tensor(name, scales, (torch.float32,), dim)
+    want = (nb,) if dim == 1 else (ranks, nb)
+    if tuple(scales.shape) != want:
+        raise ValueError(f"{name} has shape {tuple(scales.shape)}; {n} elements in blocks of {block} "
+                         f"need shape {want}.")
+
+
+def check_compress_ef(grad, residual, payload, weight, scales, block) -> None:
+    """Raises the ValueError of a bad compress_ef_ call."""
+    _tensor("grad", grad, (torch.float32,), 1)
+    _tensor("residual", residual, (torch.float32,), 1)
+    _tensor("payload", payload, PAYLOAD_DTYPES, 1)
+    _same_device({"grad": grad, "residual": residual, "payload": payload, "scales": scales})
+    n = grad.numel()
+    _same_numel("residual", residual, "grad", n)
+    _same_numel("payload", payload, "grad", n)
+    _scales("scales", scales, payload.dtype, n, block)
+    as_float32("weight", weight)
+
+
+def check_decompress_avg(payload, out, inv_n, scales, block) -> None:
+    """Raises the ValueError of a bad decompress_avg_ call."""
+    _tensor("payload", payload, SUMMED_DTYPES, 1)
+    _tensor("out", out, (torch.float32,), 1)
+    _same_device({"payload": payload, "out": out, "scales": scales})
+    _same_numel("out", out, "payload", payload.numel())
+    _scales("scales", scales, payload.dtype, payload.numel(), block)
+    as_float32("inv_n", inv_n)
+
+
+def check_dequant_reduce_requant(q_in, scales_in, q_out, scales_out, block) -> None:
+    """Raises the ValueError of a bad dequant_reduce_requant_ call."""
+    _tensor("q_in", q_in, (torch.int8,), 2)
+    if q_in.shape[0] < 1:
+        raise ValueError(f"q_in has shape {tuple(q_in.shape)}; it must hold at least one rank's shard.")
+    _tensor("q_out", q_out, (torch.int8,), 1)
+    _same_device({"q_in": q_in, "scales_in": scales_in, "q_out": q_out, "scales_out": scales_out})
+    k, m = q_in.shape
+    _same_numel("q_out", q_out, "each row of q_in", m)
+    _scales("scales_in", scales_in, torch.int8, m, block, dim=2, ranks=k)
+    _scales("scales_out", scales_out, torch.int8, m, block)
+
+
+# ---------------------------------------------------------------------------------------------
+# The math.
+
+
+def _per_element(scales: torch.Tensor, n: int, block: int) -> torch.Tensor:
+    """Each element's block scale: scales repeated block times, cut to n."""
+    return scales.repeat_interleave(block)[:n]
+
+
+def _quantize_int8(x: torch.Tensor, block: int):
+    """The int8 rule. Returns (xs, q, scale_per_element, scales, finite): xs is x with its
+    non-finite elements set to 0 (they count as 0 in the block max and quantize to 0)."""
+    n = x.numel()
+    finite = torch.isfinite(x)
+    xs = torch.where(finite, x, torch.zeros_like(x))
+    padded = x.new_zeros(nblocks(n, block) * block)
+    padded[:n] = xs
+    amax = padded.view(-1, block).abs().amax(dim=1)
+    scales = amax / torch.full_like(amax, INT8_MAX)  # exactly 0 for an all-zero block
+    per = _per_element(scales, n, block)
+    nonzero = per != 0
+    q = torch.round(xs / torch.where(nonzero, per, torch.ones_like(per)))  # half to even
+    q = torch.where(nonzero, q.clamp(-INT8_MAX, INT8_MAX), torch.zeros_like(q))
+    return xs, q, per, scales, finite
+
+
+def reference_compress_ef_(grad: torch.Tensor, residual: torch.Tensor, payload: torch.Tensor, weight: float,
+                           scales: torch.Tensor | None = None, block: int = 512) -> bool:
+    """x = grad * weight + residual; payload = quantize(x); residual = x - dequantize(payload).
+
+    Returns True if any element of the payload is not finite: x was NaN/Inf, or (fp16, bf16)
+    a finite x overflowed to inf. The residual is 0 at those elements: what cannot be
+    represented is dropped, not carried into the next step.
+    """
+    check_compress_ef(grad, residual, payload, weight, scales, block)
+    w = as_float32("weight", weight)
+    x = grad * w + residual  # two float32 roundings, never an FMA
+    if payload.dtype == torch.int8:
+        xs, q, per, new_scales, finite = _quantize_int8(x, block)
+        payload.copy_(q)
+        scales.copy_(new_scales)
+        residual.copy_(xs - q * per)
+        return not bool(finite.all())
+    payload.copy_(x)  # round to nearest-even: subnormals, overflow to inf, NaN stays NaN
+    back = payload.float()
+    finite = torch.isfinite(back)
+    residual.copy_(torch.where(finite, x - back, torch.zeros_like(x)))
+    return not bool(finite.all())
+
+
+def reference_decompress_avg_(payload: torch.Tensor, out: torch.Tensor, inv_n: float,
+                              scales: torch.Tensor | None = None, block: int = 512) -> bool:
+    """out = float32(payload) * inv_n (int8: q * scale * inv_n, in that order).
+
+    Returns True if any element of out is not finite (a summed fp16 payload that overflowed).
+    """
+    check_decompress_avg(payload, out, inv_n, scales, block)
+    inv = as_float32("inv_n", inv_n)
+    values = payload.float()
+    if payload.dtype == torch.int8:
+        values = values * _per_element(scales, payload.numel(), block)
+    torch.mul(values, inv, out=out)
+    return not bool(torch.isfinite(out).all())
+
+
+def reference_dequant_reduce_requant_(q_in: torch.Tensor, scales_in: torch.Tensor, q_out: torch.Tensor,
+                                      scales_out: torch.Tensor, block: int = 512) -> bool:
+    """The int8 all-to-all step: k ranks' shards of the same m elements are summed and requantized.
+
+    sum = q_in[0] * scale_0 + q_in[1] * scale_1 + ... in float32, rank by rank from 0 (the
+    first add is 0 + q_0 * scale_0); then q_out, scales_out = the int8 rule applied to the sum.
+    There is no error feedback on this step: what the requantization drops (at most half a
+    scale per element) is lost. Returns True if any sum is not finite (its q is 0).
+    """
+    check_dequant_reduce_requant(q_in, scales_in, q_out, scales_out, block)
+    k, m = q_in.shape
+    total = torch.zeros(m, dtype=torch.float32, device=q_in.device)
+    for rank in range(k):
+        total = total + q_in[rank].float() * _per_element(scales_in[rank], m, block)
+    _, q, _, new_scales, finite = _quantize_int8(total, block)
+    q_out.copy_(q)
+    scales_out.copy_(new_scales)
+    return not bool(finite.all())
