@@ -53,8 +53,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--delay", type=float, default=0.02, help="rank 1 sleeps 0..DELAY s after each step")
+    parser.add_argument("--only", help="comma-separated s:codec cases, e.g. 0:none,2:fp16 (default: all)")
     args = parser.parse_args()
     cases = [(0, "none"), (1, "none"), (2, "none"), (4, "none"), (2, "fp16"), (2, "bf16"), (2, "int8")]
+    if args.only:
+        cases = [c for c in cases if f"{c[0]}:{c[1]}" in args.only.split(",")]
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for s, codec in cases:
