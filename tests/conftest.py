@@ -125,3 +125,23 @@ def moto_aws(config_dir: Path):
             yield f"http://127.0.0.1:{port}"
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def ec2_moto(tmp_path_factory):
+    """(url, ami, session) of a moto server for the EC2 and SQS tests of one module."""
+    import boto3
+
+    with moto_aws(tmp_path_factory.mktemp("aws")) as url:
+        # One session for the module: it loads each service's model once, which takes seconds.
+        session = boto3.session.Session()
+        # moto's catalogue of AMIs is the same after every reset; look one up once (it is slow).
+        ami = session.client("ec2", endpoint_url=url).describe_images(MaxResults=5)["Images"][0]["ImageId"]
+        yield url, ami, session
+
+
+def reset_moto(url: str) -> None:
+    """Forget every resource: a fresh account for the next test."""
+    import urllib.request
+
+    urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"), timeout=10).read()

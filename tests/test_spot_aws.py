@@ -14,12 +14,11 @@ import json
 import subprocess
 import sys
 import time
-import urllib.request
 
 import boto3
 import pytest
 
-from conftest import free_port, moto_aws
+from conftest import free_port, reset_moto
 
 from transientvod.spot.aws import (INTERRUPTION_WARNING, REBALANCE_RECOMMENDATION, AwsProvider,
                                    notice_from_event, notices_from_spot_requests)
@@ -32,21 +31,11 @@ EVENT_TIME = "2026-11-30T03:37:05Z"
 EVENT_UNIX = 1_796_009_825.0  # EVENT_TIME as unix time
 
 
-@pytest.fixture(scope="module")
-def endpoint(tmp_path_factory):
-    with moto_aws(tmp_path_factory.mktemp("aws")) as url:
-        # One session for the module: it loads each service's model once, which takes seconds.
-        session = boto3.session.Session()
-        # moto's catalogue of AMIs is the same after every reset; look one up once (it is slow).
-        ami = session.client("ec2", endpoint_url=url).describe_images(MaxResults=5)["Images"][0]["ImageId"]
-        yield url, ami, session
-
-
 @pytest.fixture
-def aws(endpoint):
+def aws(ec2_moto):
     """A fresh moto account for each test."""
-    url, ami, session = endpoint
-    urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"), timeout=10).read()
+    url, ami, session = ec2_moto
+    reset_moto(url)
     return Cloud(url, ami, session)
 
 

@@ -15,12 +15,11 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 import boto3
 import pytest
 
-from conftest import free_port, moto_aws
+from conftest import free_port, reset_moto
 
 from transientvod.spot.fleet import Fleet, FleetSpec
 from transientvod.spot.provider import ProviderError
@@ -31,22 +30,12 @@ BIG_GPU = "g4dn.12xlarge"
 PRICES = {GPU: 0.50, BIG_GPU: 3.00}
 
 
-@pytest.fixture(scope="module")
-def endpoint(tmp_path_factory):
-    with moto_aws(tmp_path_factory.mktemp("aws")) as url, pytest.MonkeyPatch.context() as env:
-        env.delenv("TRANSIENTVOD_FLEET_HORIZON_HOURS", raising=False)
-        # One session for the module: it loads each service's model once, which takes seconds.
-        session = boto3.session.Session()
-        # moto's catalogue of AMIs is the same after every reset; look one up once (it is slow).
-        ami = session.client("ec2", endpoint_url=url).describe_images(MaxResults=5)["Images"][0]["ImageId"]
-        yield url, ami, session
-
-
 @pytest.fixture
-def aws(endpoint):
+def aws(ec2_moto, monkeypatch):
     """A fresh moto account for each test."""
-    url, ami, session = endpoint
-    urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"), timeout=10).read()
+    url, ami, session = ec2_moto
+    monkeypatch.delenv("TRANSIENTVOD_FLEET_HORIZON_HOURS", raising=False)
+    reset_moto(url)
     return Cloud(url, ami, session)
 
 
