@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import time
 
 import horovod.torch as hvd
@@ -46,7 +47,6 @@ class ShardSampler(ElasticSampler):
         order = list(range(len(self.dataset)))
         if self.shuffle:
             # The same seed on every rank gives every rank the same permutation.
-            import random
             random.Random(self.seed + self.epoch).shuffle(order)
         self.remaining_indices = order[self.processed_num:]
         self.num_samples = len(self.remaining_indices) // num_replicas
