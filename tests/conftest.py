@@ -26,6 +26,17 @@ TINY_JOB = {
 }
 
 
+# Hosts join and leave through Horovod's discovery, which it polls once a second, so a change
+# takes a second or two to reach the workers. Every step of a test job sleeps this long (the
+# benchmarks' TRANSIENTVOD_STEP_SECONDS), so that a quick machine cannot finish a job's last
+# few hundred steps before a scheduled host change arrives.
+TEST_STEP_SECONDS = "0.01"
+
+
+def job_environment() -> dict:
+    return {**os.environ, "TRANSIENTVOD_STEP_SECONDS": os.environ.get("TRANSIENTVOD_STEP_SECONDS", TEST_STEP_SECONDS)}
+
+
 class Job:
     """One job's config file and run directory."""
 
@@ -52,7 +63,7 @@ class Job:
         # Its own session: on a timeout, horovodrun and every worker are killed with it,
         # so a hung job cannot keep loading the machine for the tests after it.
         proc = subprocess.Popen(self.argv(discovery), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                cwd=REPO, start_new_session=True)
+                                cwd=REPO, start_new_session=True, env=job_environment())
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -66,7 +77,7 @@ class Job:
         # Its own session, so a test can kill horovodrun and every worker at once.
         log = open(log_path, "w")
         return subprocess.Popen(self.argv(discovery), stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                                start_new_session=True)
+                                start_new_session=True, env=job_environment())
 
     def rows(self, name: str) -> list[dict]:
         path = self.run_dir / name

@@ -31,11 +31,11 @@ def wait_for(predicate, timeout: float, what: str, proc=None):
 
 
 def test_host_removed_mid_run_job_shrinks_and_lr_follows(job):
-    j = job("shrink")
+    j = job("shrink", train={"steps": 400})
     done = j.run(j.discovery(f"0={BOTH}", "100=localhost:1"))
     assert done.returncode == 0, explain(done)
     summary = j.summary()
-    assert summary["steps"] == 300
+    assert summary["steps"] == 400
     assert summary["world_sizes_seen"] == [2, 1]
     assert summary["steps_lost"] == 0, "a host removed through discovery must not cost steps"
     assert summary["revocations_survived"] == 1
