@@ -9,7 +9,7 @@
 # in the two CMakeLists.txt that pin it, and build a wheel with PyTorch + Gloo (plus NCCL GPU
 # operations when torch is a CUDA build and nvcc is present). The wheel is cached under
 # $TRANSIENTVOD_CACHE (default ~/.cache/transientvod), keyed by the torch build and Python,
-# so the ~8-minute build happens once per machine; later installs take seconds.
+# so the build (minutes) happens once per machine; later installs take seconds.
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
@@ -74,7 +74,7 @@ PY
   "$PYTHON" -m pip install --quiet "setuptools<81" wheel packaging psutil pyyaml cloudpickle cffi
 
   LOG="$WORK/build.log"
-  say "building Horovod (PyTorch + Gloo${GPU_OPS:+ + NCCL}); this takes about 8 minutes on 2 cores."
+  say "building Horovod (PyTorch + Gloo${GPU_OPS:+ + NCCL}); this takes a few minutes (about 2.5 on 2 cores here)."
   say "full build log: $LOG (kept on failure in $CACHE/horovod-build.log)"
   mkdir -p "$CACHE"
   set +e
@@ -109,8 +109,9 @@ else
   say "using the cached wheel in $WHEEL_DIR"
 fi
 
+# Horovod's own runtime requirements, then the wheel itself (--no-deps: pip would otherwise
+# look for horovod's dependencies on an index that has no wheel for this build).
+"$PYTHON" -m pip install --quiet cloudpickle psutil pyyaml packaging
 "$PYTHON" -m pip install --quiet --force-reinstall --no-deps "$WHEEL_DIR"/horovod-*.whl
-"$PYTHON" -m pip install --quiet "horovod==$HOROVOD_VERSION" --no-index --find-links "$WHEEL_DIR" 2>/dev/null \
-  || "$PYTHON" -m pip install --quiet cloudpickle psutil pyyaml packaging cffi
 check_build || die "Horovod installed but 'horovodrun --check-build' does not show PyTorch and Gloo; see $CACHE/horovod-build.log."
 say "Horovod $HOROVOD_VERSION is installed with PyTorch and Gloo."

@@ -185,6 +185,3 @@ def format_summary(summary: dict) -> str:
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
 
-
-__all__ = ["ConfigError", "JobResult", "LaunchError", "check_discovery_script", "format_summary",
-           "horovodrun_command", "prepare", "run_job"]
