@@ -4,6 +4,9 @@
     transientvod train --config FILE [--set section.key=value ...] [--discovery "COMMAND"]
     transientvod watch --config FILE      keep the host-state file for launch/spot_hosts.py current
     transientvod doctor                   which kernel backend each op uses on this machine, and why
+    transientvod compare [--experiment NAME] [--baseline RUN_ID] [--out DIR] [RUN_ID ...]
+                                          the study's table (time, cost, accuracy, speed-up, savings)
+                                          from the runs in MLflow, plus a CSV and a cost-vs-accuracy PNG
     transientvod fleet --job-tag JOB --instance-types T1,T2 --target N --image-id AMI --price T1=0.9 ...
                                           keep N spot instances alive within a budget, then terminate them
 
@@ -141,6 +144,12 @@ def finish(result) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    from transientvod.compare import default_tracking_uri, run_compare
+
+    return run_compare(args.tracking_uri or default_tracking_uri(), args.experiment, args.runs, args.baseline, args.out)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transientvod", description="elastic training on transient servers")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -161,6 +170,14 @@ def build_parser() -> argparse.ArgumentParser:
     watcher.set_defaults(func=cmd_watch)
     doctor = sub.add_parser("doctor", help="which kernel backend each op uses here, and why")
     doctor.set_defaults(func=cmd_doctor)
+    compare = sub.add_parser("compare", help="compare runs recorded in MLflow: time, cost, accuracy")
+    compare.add_argument("runs", nargs="*", metavar="RUN_ID", help="these runs, in this order (default: the experiment's)")
+    compare.add_argument("--experiment", help="the MLflow experiment (default: transientvod)")
+    compare.add_argument("--baseline", metavar="RUN_ID",
+                         help="speed-up and savings relative to this run (default: the smallest on-demand run)")
+    compare.add_argument("--out", default="runs/compare", help="where compare.csv and compare.png go")
+    compare.add_argument("--tracking-uri", help="the MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///runs/mlflow.db)")
+    compare.set_defaults(func=cmd_compare)
     fleet = sub.add_parser("fleet", help="keep N spot instances alive for a job, within a budget")
     fleet.add_argument("--job-tag", required=True, help="value of the transientvod:job tag (what discovery lists)")
     fleet.add_argument("--instance-types", required=True, help="comma-separated, tried in order")
@@ -190,9 +207,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as e:  # data, checkpoint and provider errors are user-fixable too
         from transientvod.checkpoint import CheckpointError
+        from transientvod.compare import CompareError
+        from transientvod.cost import PriceError
         from transientvod.data import DataError
         from transientvod.spot.provider import ProviderError
-        if isinstance(e, (DataError, CheckpointError, ProviderError)):
+        from transientvod.tracking import TrackingError
+        if isinstance(e, (DataError, CheckpointError, ProviderError, CompareError, PriceError, TrackingError)):
             print(f"transientvod: {e}", file=sys.stderr)
             return 2
         raise

@@ -31,6 +31,8 @@ DEVICES = ("auto", "cpu", "cuda")
 CODECS = ("none", "fp16", "bf16", "int8")
 SPOT_PROVIDERS = ("none", "trace", "aws")
 NOTICE_SOURCES = ("none", "aws", "gce", "hoststate")
+CLOUDS = ("gce", "aws")
+MARKETS = ("spot", "on-demand")
 
 
 class ConfigError(ValueError):
@@ -147,6 +149,28 @@ class NoticeConfig:
 
 
 @dataclass
+class CostConfig:
+    """What the job's servers cost (transientvod/cost.py): each host in the ring is billed
+    per second at this type's price; the on-demand price of the same type is the yardstick."""
+    cloud: str = "gce"  # gce (the study's prices) | aws (on-demand table + spot price history)
+    instance_type: str = "k80"  # of every worker host: gce k80|p100|v100; aws p3.2xlarge, g5.xlarge, ...
+    market: str = "spot"  # spot | on-demand
+    region: str = ""  # aws: "" means spot.region
+    zone: str = ""  # aws spot: the availability zone whose spot price history bills the hosts
+    always_on: str = ""  # comma-separated types billed on-demand for the whole run (gce: ps)
+    price_table: str = ""  # CSV instance_type,on_demand_usd_per_hour overriding the built-in table
+
+
+@dataclass
+class TrackingConfig:
+    """MLflow (transientvod/tracking.py): the launcher opens and closes the run, rank 0 logs."""
+    enabled: bool = True
+    uri: str = ""  # "" means $MLFLOW_TRACKING_URI, else sqlite:///<run.output_dir>/mlflow.db
+    experiment: str = "transientvod"
+    run_id: str = ""  # set by the launcher: the MLflow run whichever process is rank 0 logs into
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -158,6 +182,8 @@ class Config:
     exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
     spot: SpotConfig = field(default_factory=SpotConfig)
     notices: NoticeConfig = field(default_factory=NoticeConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -239,6 +265,12 @@ def validate(config: Config, source: str = "config") -> None:
         fail("exchange.compress_after", f"is {config.exchange.compress_after}; it is a fraction of the steps (0 to 1).")
     one_of("spot.provider", config.spot.provider, SPOT_PROVIDERS)
     one_of("notices.source", config.notices.source, NOTICE_SOURCES)
+    one_of("cost.cloud", config.cost.cloud, CLOUDS)
+    one_of("cost.market", config.cost.market, MARKETS)
+    if not config.cost.instance_type.strip():
+        fail("cost.instance_type", "is empty; name the type of the worker hosts (gce: k80, p100, v100).")
+    if config.tracking.enabled and not config.tracking.experiment.strip():
+        fail("tracking.experiment", "is empty; name the MLflow experiment the run goes into.")
     if config.spot.provider == "aws" and not config.spot.job_tag:
         fail("spot.job_tag", "is empty; set it to the value of the transientvod:job tag on the job's instances.")
     if config.data.dataset == "cifar10" and not config.data.root:

@@ -116,17 +116,25 @@ class LearningRateRule:
         return self.base_lr * self.factor(ramp, step) * decay
 
 
+# The synchronized attributes a durable checkpoint keeps besides model, optimizer and sampler.
+PROGRESS = ("epoch", "step", "world_sizes", "revocations", "steps_lost", "lr_ramp",
+            "started_at", "cost_ledger", "ledger_saved_at", "mlflow_run_id")
+
+
 class TransientState(TorchState):
     """`hvd.elastic.TorchState` plus what a transient cluster needs to account for.
 
     Extra synchronized attributes (committed and broadcast like any `ObjectState` value):
     `step`, `epoch`, `world_sizes` (every size the job has run at, in order), `revocations`
-    (resets that lost a worker), `steps_lost` (steps redone after rollbacks), and `lr_ramp`.
+    (resets that lost a worker), `steps_lost` (steps redone after rollbacks), `lr_ramp`, and
+    the job's books: `started_at` (unix time of the first start), `cost_ledger` (the cost
+    meter's state, see job_bill.py), `ledger_saved_at` and `mlflow_run_id`.
     """
 
     def __init__(self, model, optimizer, sampler, lr_rule: LearningRateRule, **kwargs):
         super().__init__(model=model, optimizer=optimizer, sampler=sampler, epoch=0, step=0,
-                         world_sizes=[], revocations=0, steps_lost=0, lr_ramp=(1.0, 1.0, 0), **kwargs)
+                         world_sizes=[], revocations=0, steps_lost=0, lr_ramp=(1.0, 1.0, 0),
+                         started_at=0.0, cost_ledger={}, ledger_saved_at=0.0, mlflow_run_id="", **kwargs)
         # Not synchronized: facts about this process's view of the current recovery.
         self.lr_rule = lr_rule
         self._interrupted_at: float | None = None
@@ -217,8 +225,7 @@ class TransientState(TorchState):
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "sampler": self.sampler.state_dict(),
-            "progress": {name: getattr(self, name) for name in
-                         ("epoch", "step", "world_sizes", "revocations", "steps_lost", "lr_ramp")},
+            "progress": {name: getattr(self, name) for name in PROGRESS},
         }
 
     def load_checkpoint_payload(self, payload: dict) -> None:

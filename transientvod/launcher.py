@@ -90,13 +90,31 @@ def prepare(config: Config, discovery: str | None = None) -> tuple[list[str], Pa
     # every worker at once. (Imported late: torch is slow to import and not needed above.)
     from transientvod.data import load_dataset
     load_dataset(config.data, seed=config.train.seed)
+    check_prices(config)
     config.cluster.discovery_script = discovery
+    if config.tracking.enabled:
+        # Last of the checks, so that a job that cannot start leaves no empty run behind.
+        from transientvod.tracking import TrackingError, open_run
+        try:
+            open_run(config)
+        except TrackingError as e:
+            raise LaunchError(str(e)) from None
     try:
         config_path = write_resolved(config, config.run_dir)
     except OSError as e:
         raise LaunchError(f"cannot write to the run directory {config.run_dir} ({e.strerror}); "
                           "choose another run.output_dir.") from None
     return horovodrun_command(config, config_path, discovery), config_path
+
+
+def check_prices(config: Config) -> None:
+    """Every price the job's bill needs exists: an unknown type is an error now, not a $0 bill."""
+    from transientvod.cost import PriceError
+    from transientvod.job_bill import check_prices as check
+    try:
+        check(config)
+    except PriceError as e:
+        raise LaunchError(str(e)) from None
 
 
 SPOT_HOSTS = Path(__file__).resolve().parents[1] / "launch" / "spot_hosts.py"
@@ -168,7 +186,13 @@ def run_job(config: Config, discovery: str | None = None) -> JobResult:
         returncode = 0
     if summary is not None:
         summary["wall_seconds"] = round(wall, 1)
+        if config.tracking.enabled:
+            summary["mlflow"] = {"tracking_uri": config.tracking.uri, "run_id": config.tracking.run_id,
+                                 "experiment": config.tracking.experiment}
         summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    if config.tracking.enabled:
+        from transientvod.tracking import close_run
+        close_run(config, summary, succeeded=returncode == 0)
     return JobResult(returncode, wall, summary)
 
 
@@ -180,8 +204,16 @@ def format_summary(summary: dict) -> str:
         ("revocations survived", summary["revocations_survived"]),
         ("steps lost", summary["steps_lost"]),
         ("test accuracy", f"{100 * summary['test_accuracy']:.2f} %"),
-        ("checkpoint", summary["checkpoint"]),
     ]
+    cost = summary.get("cost")
+    if cost:
+        rows.append(("cost", f"${cost['cost_usd']:.4f} (on-demand ${cost['on_demand_usd']:.4f}, "
+                             f"{cost['savings_pct']:.1f} % saved)"))
+    rows.append(("checkpoint", summary["checkpoint"]))
+    mlflow = summary.get("mlflow")
+    if mlflow:
+        rows.append(("MLflow run", f"{mlflow['run_id']} in {mlflow['tracking_uri']}"))
+        rows.append(("see it with", f"mlflow ui --backend-store-uri {mlflow['tracking_uri']}"))
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
 

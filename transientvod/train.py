@@ -34,12 +34,15 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import horovod.torch as hvd
 
+from transientvod.accounting import JobAccounting
 from transientvod.checkpoint import CheckpointStore, open_store
 from transientvod.config import Config, ConfigError, load_config, to_yaml
+from transientvod.cost import PriceError
 from transientvod.data import DataError, Dataset, load_dataset
 from transientvod.elastic import LearningRateRule, ShardSampler, TransientState
 from transientvod.exchange import GradientExchange
 from transientvod.models import build_model
+from transientvod.tracking import TrackingError
 
 log = logging.getLogger("transientvod.train")
 
@@ -169,6 +172,7 @@ def train(config: Config) -> None:
     store = open_store(config.checkpoint_dir, keep_last=config.checkpoint.keep_last)
     record = RunRecord(config.run_dir)
     config_yaml = to_yaml(config)
+    books = JobAccounting(config)
 
     resumed = False
     if hvd.rank() == 0:
@@ -177,6 +181,7 @@ def train(config: Config) -> None:
             state.load_checkpoint_payload(checkpoint.state)
             resumed = True
             log.info("resumed from the durable checkpoint %s at step %d", checkpoint.location, state.step)
+        books.begin(state, resumed)
     state.begin(resumed)
 
     watcher = start_notice_watcher(config)
@@ -190,6 +195,7 @@ def train(config: Config) -> None:
         record.append("events.jsonl", {"event": "synced", "rank": hvd.rank(), "size": hvd.size(),
                                        "step": state.step, "checksum": parameter_checksum(state.model),
                                        "lr": state.current_lr(), "pid": os.getpid(), "time": time.time()})
+        books.after_sync(state)  # the bill follows the hosts now in the ring
         last_log = time.monotonic()
         samples_since_log = 0
         while state.step < config.train.steps:
@@ -220,12 +226,15 @@ def train(config: Config) -> None:
                     row = {"step": state.step, "loss": round(loss.item(), 5), "lr": lr, "world_size": hvd.size(),
                            "samples_per_s": round(samples_since_log / max(now - last_log, 1e-9), 1),
                            "time": time.time()}
+                    books.on_log(state, row)
                     record.append("metrics.jsonl", row)
                     log.info("step %d/%d loss %.4f lr %.4f workers %d", state.step, config.train.steps,
                              row["loss"], lr, hvd.size())
                     last_log, samples_since_log = now, 0
                 if config.train.eval_every and state.step % config.train.eval_every == 0 and hvd.rank() == 0:
-                    record.append("metrics.jsonl", {"step": state.step, "test_accuracy": evaluate(state.model, data, device)})
+                    row = {"step": state.step, "test_accuracy": evaluate(state.model, data, device)}
+                    books.on_eval(state, row)
+                    record.append("metrics.jsonl", row)
 
                 notice_now = watcher is not None and any_rank_wants_commit(state, watcher)
                 last_step = state.step == config.train.steps
@@ -238,6 +247,7 @@ def train(config: Config) -> None:
                             log.info("interruption notice in the job at step %d: checkpointing now and "
                                      "committing every step until the host has left", state.step)
                     if durable and hvd.rank() == 0:
+                        books.before_checkpoint(state)
                         store.save(state.step, state.checkpoint_payload(), config_yaml)
                     state.commit()  # may raise HostsUpdatedInterrupt: the state is saved first
                 if state.step >= config.train.steps:
@@ -263,9 +273,12 @@ def train(config: Config) -> None:
             "checkpoint": store.location,
             "parameter_checksum": parameter_checksum(state.model),
         }
+        books.finish(state, summary)
         (config.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        record.append("metrics.jsonl", {"step": state.step, "test_accuracy": accuracy})
-        log.info("finished %d steps; test accuracy %.4f", state.step, accuracy)
+        record.append("metrics.jsonl", {"step": state.step, "test_accuracy": accuracy,
+                                        "cost_usd": summary["cost"]["cost_usd"]})
+        log.info("finished %d steps; test accuracy %.4f; cost $%.4f (on-demand $%.4f)", state.step, accuracy,
+                 summary["cost"]["cost_usd"], summary["cost"]["on_demand_usd"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -275,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         train(load_config(args.config))
-    except (ConfigError, DataError) as e:
+    except (ConfigError, DataError, PriceError, TrackingError) as e:
         log.error("%s", e)
         return 2
     return 0

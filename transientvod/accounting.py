@@ -1,0 +1,140 @@
+"""The job's books, kept during training: its bill and its MLflow metrics.
+
+The training loop calls four hooks; everything else about cost and tracking lives in
+`job_bill.py` (who is billed for what) and `tracking.py` (how MLflow is talked to):
+
+- `after_sync` (every rank, after every start and reset of the ring): the workers exchange
+  their host names and rank 0 moves the bill to the new membership; the ledger is then
+  broadcast, so whichever rank is rank 0 after the next revocation has the same books.
+- `on_log` / `on_eval` (rank 0): cost so far and its on-demand equivalent join the metrics
+  row, which goes to `metrics.jsonl` and to MLflow (without waiting for it).
+- `finish` (rank 0): the final bill into the summary, and the last metrics out to MLflow.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+
+import horovod.torch as hvd
+
+from transientvod import tracking_names as names
+from transientvod.config import Config
+from transientvod.cost import usd_per_accuracy_point
+from transientvod.elastic import TransientState
+from transientvod.job_bill import JobBill, revocation_moments
+
+log = logging.getLogger(__name__)
+
+
+def host_name() -> str:
+    # Horovod gives each worker the name discovery reported for its host; two local names
+    # (localhost, 127.0.0.1) are two hosts to Horovod and to the bill, one to gethostname().
+    return os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+
+
+class JobAccounting:
+    def __init__(self, config: Config):
+        self.config = config
+        self.bill: JobBill | None = None  # rank 0's meter, rebuilt from the ledger after each sync
+        self.sender = None  # rank 0's MetricSender, started when this process first is rank 0
+        # The launcher opens the MLflow run and closes it after horovodrun; a job started by
+        # hand has no launcher, so rank 0 opens the run at the start and closes it at the end.
+        self.launcher_owns_run = bool(config.tracking.run_id)
+
+    # -- before training ---------------------------------------------------------------------
+
+    def begin(self, state: TransientState, resumed: bool) -> None:
+        """Rank 0, before the first sync: the clock, the bill of a restarted job, the MLflow run."""
+        now = time.time()
+        if not state.started_at:
+            state.started_at = now
+        if resumed and state.cost_ledger:
+            # The job was down between its last checkpoint and now; nobody was billed for it.
+            bill = JobBill(self.config, state.cost_ledger, now)
+            bill.restart(state.ledger_saved_at or now, now)
+            state.cost_ledger = bill.ledger()
+        tracking = self.config.tracking
+        if tracking.enabled and not (tracking.run_id or state.mlflow_run_id):
+            # Started by hand with horovodrun, not by the launcher: open the run here.
+            from transientvod.tracking import open_run
+            open_run(self.config)
+        if tracking.enabled:
+            state.mlflow_run_id = tracking.run_id or state.mlflow_run_id
+
+    # -- after every (re)start of the ring ---------------------------------------------------
+
+    def after_sync(self, state: TransientState) -> None:
+        hosts = hvd.allgather_object(host_name())
+        ledger = None
+        if hvd.rank() == 0:
+            now = time.time()
+            self.bill = JobBill(self.config, state.cost_ledger, now)
+            joined, left = self.bill.follow_ring(hosts, now, revocation_moments(self.config))
+            if joined or left:
+                log.info("billing %d hosts from now (joined: %s; left: %s)", len(set(hosts)),
+                         ", ".join(joined) or "none", ", ".join(left) or "none")
+            ledger = self.bill.ledger()
+        state.cost_ledger = hvd.broadcast_object(ledger, root_rank=0, name="transientvod.cost_ledger")
+
+    # -- while training (rank 0) -------------------------------------------------------------
+
+    def on_log(self, state: TransientState, row: dict) -> None:
+        """Adds the cost so far to the metrics row and sends it to MLflow."""
+        bill = self.bill.bill(time.time())
+        row["cost_usd"] = round(bill.cost_usd, 6)
+        row["on_demand_cost_usd"] = round(bill.on_demand_usd, 6)
+        self._send(state, {names.METRIC_LOSS: row["loss"], names.METRIC_THROUGHPUT: row["samples_per_s"],
+                           names.METRIC_WORKERS: row["world_size"], names.METRIC_COST: bill.cost_usd,
+                           names.METRIC_ON_DEMAND_COST: bill.on_demand_usd,
+                           names.METRIC_REVOCATIONS: state.revocations, names.METRIC_STEPS_LOST: state.steps_lost})
+
+    def on_eval(self, state: TransientState, row: dict) -> None:
+        # Cost at the same step as the accuracy: the cost-versus-accuracy figure pairs them by step.
+        bill = self.bill.bill(time.time())
+        row["cost_usd"] = round(bill.cost_usd, 6)
+        row["on_demand_cost_usd"] = round(bill.on_demand_usd, 6)
+        self._send(state, {names.METRIC_ACCURACY: row["test_accuracy"], names.METRIC_COST: bill.cost_usd,
+                           names.METRIC_ON_DEMAND_COST: bill.on_demand_usd})
+
+    def before_checkpoint(self, state: TransientState) -> None:
+        # A restart bills the old servers up to here (the last moment known alive).
+        state.ledger_saved_at = time.time()
+
+    def _send(self, state: TransientState, metrics: dict) -> None:
+        if not self.config.tracking.enabled:
+            return
+        if self.sender is None:
+            from transientvod.tracking import UNSENT_FILE, MetricSender, tracking_uri
+            self.sender = MetricSender(tracking_uri(self.config), state.mlflow_run_id,
+                                       self.config.run_dir / UNSENT_FILE)
+        self.sender.log(metrics, state.step)
+
+    # -- at the end (rank 0) -----------------------------------------------------------------
+
+    def finish(self, state: TransientState, summary: dict) -> None:
+        """The final bill into `summary`; the last metrics to MLflow; the run closed unless
+        the launcher does that."""
+        now = time.time()
+        bill = self.bill.finish(now)
+        state.cost_ledger = self.bill.ledger()
+        accuracy = summary["test_accuracy"]
+        summary["cost"] = {
+            "cost_usd": round(bill.cost_usd, 6),
+            "on_demand_usd": round(bill.on_demand_usd, 6),
+            "savings_pct": round(bill.savings_pct, 3),
+            "host_seconds": bill.host_seconds,
+            "usd_per_accuracy_point": round(usd_per_accuracy_point(bill.cost_usd, accuracy), 6) if accuracy > 0 else None,
+            "servers": [{"host": line.host, "instance_type": line.instance_type, "market": line.market,
+                         "billed_seconds": line.billed_seconds, "usd": round(line.usd, 6)} for line in bill.lines],
+        }
+        self._send(state, {names.METRIC_ACCURACY: accuracy, names.METRIC_COST: bill.cost_usd,
+                           names.METRIC_ON_DEMAND_COST: bill.on_demand_usd,
+                           names.METRIC_REVOCATIONS: state.revocations, names.METRIC_STEPS_LOST: state.steps_lost})
+        if self.sender is not None:
+            self.sender.close()
+        if self.config.tracking.enabled and not self.launcher_owns_run:
+            from transientvod.tracking import close_run
+            self.config.tracking.run_id = state.mlflow_run_id
+            close_run(self.config, {**summary, "wall_seconds": round(now - state.started_at, 1)}, succeeded=True)
