@@ -156,3 +156,33 @@ def reset_moto(url: str) -> None:
     import urllib.request
 
     urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"), timeout=10).read()
+
+
+def mlflow_browser():
+    """docs/mlflow_screenshot.py (not a package): `mlflow server` and headless Chromium."""
+    import importlib.util
+
+    path = REPO / "docs" / "mlflow_screenshot.py"
+    spec = importlib.util.spec_from_file_location("mlflow_screenshot", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def new_mlflow_store(directory: Path) -> str:
+    """A real, empty SQLite MLflow store; returns its URI."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{directory / 'mlflow.db'}"
+    MlflowClient(uri).search_experiments()  # creates the tables
+    return uri
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)

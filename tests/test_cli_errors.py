@@ -112,3 +112,41 @@ def test_doctor_with_an_unusable_kernel_override(value, fragment):
     done = subprocess.run(TRANSIENTVOD + ["doctor"], capture_output=True, text=True, timeout=120, cwd=REPO,
                           env={**os.environ, "TRANSIENTVOD_KERNELS": value})
     assert_one_sentence(done, fragment)
+
+
+def test_unknown_instance_type_is_named_with_its_cloud(tmp_path):
+    done = run_train(tmp_path, {"cost": {"instance_type": "k81"}})
+    assert_one_sentence(done, "'k81'", "gce")
+    assert_nothing_written(tmp_path)
+
+
+def test_aws_instance_type_without_a_price_names_type_and_region(tmp_path):
+    done = run_train(tmp_path, {"cost": {"cloud": "aws", "instance_type": "p9.mega", "market": "on-demand",
+                                         "region": "us-east-1"}})
+    assert_one_sentence(done, "'p9.mega'", "us-east-1")
+    assert_nothing_written(tmp_path)
+
+
+def test_unwritable_tracking_directory(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    done = run_train(tmp_path, {"tracking": {"uri": f"sqlite:///{blocker}/mlflow.db"}})
+    assert_one_sentence(done, str(blocker), "tracking.uri")
+    assert_nothing_written(tmp_path)
+
+
+def test_unreachable_tracking_server_stops_the_job_before_it_starts(tmp_path):
+    from conftest import free_port
+    uri = f"http://127.0.0.1:{free_port()}"
+    done = run_train(tmp_path, {"tracking": {"uri": uri}})
+    assert_one_sentence(done, uri, "does not answer")
+    assert_nothing_written(tmp_path)
+
+
+def test_compare_names_a_run_that_does_not_exist(tmp_path):
+    from mlflow import MlflowClient
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    MlflowClient(uri).create_experiment("transientvod")  # a real, empty store
+    done = subprocess.run(TRANSIENTVOD + ["compare", "--tracking-uri", uri, "0123456789abcdef"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert_one_sentence(done, "0123456789abcdef", uri)

@@ -87,8 +87,14 @@ def check_store(uri: str) -> None:
 
 
 def _unreachable(uri: str, error: Exception) -> TrackingError:
-    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-    return TrackingError(f"the MLflow tracking store {uri} does not answer ({first_line}); start it, or set "
+    text = str(error)
+    if "Connection refused" in text or "Max retries exceeded" in text or "NewConnectionError" in text:
+        why = "no server listens there"
+    elif "timed out" in text.lower():
+        why = "it timed out"
+    else:
+        why = (text.strip().splitlines() or [type(error).__name__])[0][:160]
+    return TrackingError(f"the MLflow tracking store {uri} does not answer ({why}); start it, or set "
                          "tracking.uri / MLFLOW_TRACKING_URI to one that runs, or tracking.enabled=false.")
 
 
