@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.transientvod-installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test clean
+.PHONY: install browser demo test clean
 
 install: $(STAMP)
 
@@ -25,7 +25,16 @@ $(STAMP): setup.py launch/install_horovod.sh
 demo: install
 	$(VENV)/bin/transientvod demo
 
-test: install
+# Headless Chromium for the test that opens a run in MLflow's UI (Debian's package; as root
+# with apt-get only: elsewhere that test is skipped and says why).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "make: installing Debian's chromium (headless, for the MLflow UI test)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "make: chromium is not installed and apt-get needs root: the MLflow UI test will be skipped"; fi; }
+
+test: install browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:

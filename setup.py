@@ -41,6 +41,7 @@ setup(
         "scikit-learn",  # ships the embedded default data set (digits)
         "boto3",
         "mlflow",
+        "matplotlib",  # the cost-versus-accuracy figures
         "psutil",
         "cloudpickle",
     ],
