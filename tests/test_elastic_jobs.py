@@ -10,6 +10,7 @@ import signal
 import time
 
 import pytest
+import yaml
 
 from conftest import explain
 
@@ -110,13 +111,21 @@ def test_whole_job_killed_then_restarted_resumes_from_checkpoint(job, tmp_path):
     saved = max(int(p.name.split("-")[1]) for p in checkpoints.iterdir() if p.name.startswith("step-"))
     assert saved < 500
     first_run_events = len(j.rows("events.jsonl"))
+    first_mlflow_run = yaml.safe_load((j.run_dir / "config.yaml").read_text())["tracking"]["run_id"]
+    billed_before = [row["cost_usd"] for row in j.rows("metrics.jsonl") if "cost_usd" in row][-1]
 
     done = j.run(discovery)
     assert done.returncode == 0, explain(done)
     assert f"resumed from the durable checkpoint" in done.stderr + done.stdout
     restarted = j.rows("events.jsonl")[first_run_events:]
     assert restarted and {e["step"] for e in restarted[:2]} == {saved}, restarted[:2]
-    assert j.summary()["steps"] == 500
+    summary = j.summary()
+    assert summary["steps"] == 500
+    # One MLflow run for the whole job, and a bill that carried on from the checkpoint.
+    assert summary["mlflow"]["run_id"] == first_mlflow_run
+    assert summary["cost"]["cost_usd"] > billed_before
+    hosts = [s["host"] for s in summary["cost"]["servers"]]
+    assert sorted(hosts) == ["127.0.0.1", "127.0.0.1", "localhost", "localhost"], "old servers end, new ones start"
 
 
 def test_demo_reaches_90_percent_after_losing_and_regaining_a_host():

@@ -30,6 +30,8 @@ import threading
 import time
 from pathlib import Path
 
+import yaml
+
 from transientvod import tracking_names as names
 from transientvod.config import Config, to_yaml
 
@@ -156,7 +158,10 @@ def run_tags(config: Config) -> dict[str, str]:
 
 def open_run(config: Config) -> str:
     """Create the MLflow run (experiment, params, tags, config) and put its id and the
-    store's URI into `config.tracking`, for the workers; returns the run id."""
+    store's URI into `config.tracking`, for the workers; returns the run id.
+
+    A job restarted in the same run directory after it was killed (it resumes from its
+    checkpoint) continues its unfinished MLflow run instead of starting a second one."""
     from mlflow.entities import Param, RunTag
 
     uri = tracking_uri(config)
@@ -169,15 +174,42 @@ def open_run(config: Config) -> str:
                                                      artifact_location=_artifact_location(uri, config))
         else:
             experiment_id = experiment.experiment_id
-        run = client.create_run(experiment_id, run_name=config.run.name)
-        run_id = run.info.run_id
-        client.log_batch(run_id, params=[Param(k, v) for k, v in run_params(config).items()],
-                         tags=[RunTag(k, v) for k, v in run_tags(config).items()])
+        run_id = _unfinished_run(client, config, uri, experiment_id)
+        if run_id:
+            client.update_run(run_id, status="RUNNING")
+            log.info("continuing the unfinished MLflow run %s of %s", run_id, config.run_dir)
+        else:
+            run_id = client.create_run(experiment_id, run_name=config.run.name).info.run_id
+            client.log_batch(run_id, params=[Param(k, v) for k, v in run_params(config).items()],
+                             tags=[RunTag(k, v) for k, v in run_tags(config).items()])
         config.tracking.uri, config.tracking.run_id = uri, run_id
         client.log_text(run_id, to_yaml(config), names.ARTIFACT_CONFIG)
     except Exception as e:  # MLflow wraps store and HTTP failures in several exception types
         raise _unreachable(uri, e) from None
     log.info("MLflow run %s in experiment '%s' at %s", run_id, config.tracking.experiment, uri)
+    return run_id
+
+
+def _unfinished_run(client, config: Config, uri: str, experiment_id: str) -> str:
+    """The run id in the run directory's previous resolved config, if that run is in this
+    store and experiment and did not finish; else ''."""
+    previous = config.run_dir / "config.yaml"
+    if not previous.exists():
+        return ""
+    try:
+        tracking = (yaml.safe_load(previous.read_text()) or {}).get("tracking") or {}
+    except yaml.YAMLError:
+        return ""
+    run_id = tracking.get("run_id") or ""
+    if not run_id or tracking.get("uri") != uri:
+        return ""
+    from mlflow.exceptions import MlflowException
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        return ""  # deleted, or another store
+    if run.info.experiment_id != experiment_id or run.info.status == "FINISHED":
+        return ""
     return run_id
 
 
