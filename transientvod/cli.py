@@ -7,6 +7,10 @@
     transientvod compare [--experiment NAME] [--baseline RUN_ID] [--out DIR] [RUN_ID ...]
                                           the study's table (time, cost, accuracy, speed-up, savings)
                                           from the runs in MLflow, plus a CSV and a cost-vs-accuracy PNG
+    transientvod simulate [--workers 2,4,8] [--market spot,on-demand] [--system study,elastic] ...
+                                          predicted time, cost, failure of clusters from the study's revocations
+    transientvod plan --budget DOLLARS | --deadline HOURS [--gpus k80,v100 --speed v100=14.2]
+                                          the best clusters for a budget or deadline, and why
     transientvod fleet --job-tag JOB --instance-types T1,T2 --target N --image-id AMI --price T1=0.9 ...
                                           keep N spot instances alive within a budget, then terminate them
 
@@ -150,6 +154,31 @@ def cmd_compare(args) -> int:
     return run_compare(args.tracking_uri or default_tracking_uri(), args.experiment, args.runs, args.baseline, args.out)
 
 
+def cmd_simulate(args) -> int:
+    from transientvod.planner.commands import run_simulate
+
+    return run_simulate(args)
+
+
+def cmd_plan(args) -> int:
+    from transientvod.planner.commands import run_plan
+
+    return run_plan(args)
+
+
+def add_workload_arguments(parser) -> None:
+    parser.add_argument("--steps", type=int, default=64000, help="training steps of the job (default: the study's 64K)")
+    parser.add_argument("--speed", action="append", default=[], metavar="GPU=STEPS_PER_S",
+                        help="measured steps/s of one server of a type (k80 is calibrated from the study)")
+    parser.add_argument("--replacement-delay", type=float, default=float("inf"), metavar="SECONDS",
+                        help="a revoked server is replaced after this long (default: never)")
+    parser.add_argument("--parameter-servers", type=int, default=0, help="always-on CPU servers billed on-demand")
+    parser.add_argument("--commit-every", type=int, default=50, help="elastic: steps lost at most without a notice")
+    parser.add_argument("--checkpoint-every", type=int, default=500, help="restart: steps lost at most per revocation")
+    parser.add_argument("--recovery-seconds", type=float, help="pause per membership change (default by system)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transientvod", description="elastic training on transient servers")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -178,6 +207,31 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--out", default="runs/compare", help="where compare.csv and compare.png go")
     compare.add_argument("--tracking-uri", help="the MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///runs/mlflow.db)")
     compare.set_defaults(func=cmd_compare)
+    simulate = sub.add_parser("simulate", help="predict time, cost and failure of clusters from real revocations")
+    simulate.add_argument("--gpu", default="k80", help="comma-separated GPU types (k80, p100, v100)")
+    simulate.add_argument("--workers", default="4", help="comma-separated cluster sizes")
+    simulate.add_argument("--market", default="spot", help="comma-separated: spot, on-demand")
+    simulate.add_argument("--system", default="elastic",
+                          help="comma-separated: elastic (this project), study (async PS, master fatal), restart")
+    simulate.add_argument("--revocations", default="trace", choices=("trace", "lifetimes"),
+                          help="replay the study's K80 cluster traces, or draw from its VM lifetimes")
+    simulate.add_argument("--runs", type=int, default=10000, help="Monte Carlo runs per configuration")
+    simulate.add_argument("--no-notices", action="store_true", help="revocations come without notice")
+    simulate.add_argument("--csv", help="also write the table as CSV here")
+    add_workload_arguments(simulate)
+    simulate.set_defaults(func=cmd_simulate)
+    plan = sub.add_parser("plan", help="search clusters for a budget or a deadline")
+    plan.add_argument("--budget", type=float, metavar="DOLLARS")
+    plan.add_argument("--deadline", type=float, metavar="HOURS")
+    plan.add_argument("--gpus", default="k80", help="comma-separated GPU types to consider")
+    plan.add_argument("--markets", default="spot,on-demand", help="comma-separated markets to consider")
+    plan.add_argument("--max-workers", type=int, default=8)
+    plan.add_argument("--system", default="elastic", choices=("elastic", "study", "restart"))
+    plan.add_argument("--risk", type=float, default=0.1, help="largest acceptable chance of failing or going over")
+    plan.add_argument("--runs", type=int, default=2000, help="Monte Carlo runs per configuration")
+    plan.add_argument("--top", type=int, default=5)
+    add_workload_arguments(plan)
+    plan.set_defaults(func=cmd_plan)
     fleet = sub.add_parser("fleet", help="keep N spot instances alive for a job, within a budget")
     fleet.add_argument("--job-tag", required=True, help="value of the transientvod:job tag (what discovery lists)")
     fleet.add_argument("--instance-types", required=True, help="comma-separated, tried in order")
@@ -210,9 +264,11 @@ def main(argv: list[str] | None = None) -> int:
         from transientvod.compare import CompareError
         from transientvod.cost import PriceError
         from transientvod.data import DataError
+        from transientvod.planner.study_data import PlanError
         from transientvod.spot.provider import ProviderError
         from transientvod.tracking import TrackingError
-        if isinstance(e, (DataError, CheckpointError, ProviderError, CompareError, PriceError, TrackingError)):
+        if isinstance(e, (DataError, CheckpointError, ProviderError, CompareError, PriceError, TrackingError,
+                          PlanError)):
             print(f"transientvod: {e}", file=sys.stderr)
             return 2
         raise

@@ -1,0 +1,155 @@
+"""`transientvod simulate` and `transientvod plan`: tables and CSV from scenario.py.
+
+    transientvod simulate --workers 2,4,8 --market spot,on-demand --system study,elastic
+    transientvod plan --budget 2.00 --max-workers 8
+    transientvod plan --deadline 1.5 --gpus k80,v100 --speed v100=14.2
+"""
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+from transientvod.planner.scenario import Cluster, Outcome, Simulator, Workload
+from transientvod.planner.study_data import PlanError
+
+COLUMNS = (("configuration", "configuration", "s"), ("fail %", "failure_pct", ".1f"),
+           ("revocations", "revocations_mean", ".2f"), ("time h", "time_h_mean", ".3f"),
+           ("p50", "time_h_p50", ".3f"), ("p90", "time_h_p90", ".3f"), ("cost $", "cost_usd_mean", ".3f"),
+           ("p50", "cost_usd_p50", ".3f"), ("p90", "cost_usd_p90", ".3f"))
+
+
+def parse_list(text: str, what: str, cast=str) -> list:
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise PlanError(f"{what} is empty; give one or more values separated by commas.")
+    try:
+        return [cast(item) for item in items]
+    except ValueError:
+        raise PlanError(f"{what} {text!r} must be {cast.__name__} values separated by commas.") from None
+
+
+def parse_speeds(items: list[str]) -> dict[str, float]:
+    speeds = {}
+    for item in items:
+        gpu, _, value = item.partition("=")
+        try:
+            speeds[gpu.strip().lower()] = float(value)
+        except ValueError:
+            raise PlanError(f"--speed {item!r} must look like v100=14.2 (steps per second of one server).") from None
+    return speeds
+
+
+def workload_from(args) -> Workload:
+    return Workload(steps=args.steps, single_worker_steps_per_s=parse_speeds(args.speed),
+                    commit_every=args.commit_every, checkpoint_every=args.checkpoint_every)
+
+
+def format_rows(rows: list[dict], columns=COLUMNS) -> str:
+    cells = [[name for name, _, _ in columns]]
+    for row in rows:
+        cells.append(["-" if isinstance(row[key], float) and math.isnan(row[key]) else format(row[key], fmt)
+                      for _, key, fmt in columns])
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+             for line in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(rows: list[dict], path) -> Path:
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    except OSError as e:
+        raise PlanError(f"cannot write {path} ({e.strerror}); choose another --csv path.") from None
+    return path
+
+
+def run_simulate(args) -> int:
+    workload = workload_from(args)
+    clusters = [Cluster(gpu, workers, market, system, replacement_delay_s=args.replacement_delay,
+                        notices=not args.no_notices, parameter_servers=args.parameter_servers)
+                for gpu in parse_list(args.gpu, "--gpu") for workers in parse_list(args.workers, "--workers", int)
+                for market in parse_list(args.market, "--market") for system in parse_list(args.system, "--system")]
+    simulator = Simulator(workload, seed=args.seed, recovery_s=args.recovery_seconds)
+    rows = [simulator.run(cluster, args.runs, args.revocations).stats() for cluster in clusters]
+    print(f"{args.runs} simulated runs of {workload.steps} steps per configuration, revocations from "
+          f"{'the study traces' if args.revocations == 'trace' else 'the study lifetimes'} (seed {args.seed}); "
+          "time and cost over the runs that finished:")
+    print(format_rows(rows), end="")
+    if args.csv:
+        print(f"wrote {write_csv(rows, args.csv)}")
+    return 0
+
+
+# -- plan ------------------------------------------------------------------------------------
+
+def risk(outcome: Outcome, budget: float | None, deadline_h: float | None) -> float:
+    """The chance that a run fails, or costs more than the budget, or ends after the deadline."""
+    bad = outcome.failed.copy()
+    if budget is not None:
+        bad |= outcome.cost_usd > budget
+    if deadline_h is not None:
+        bad |= outcome.time_h > deadline_h
+    return float(bad.mean())
+
+
+def run_plan(args) -> int:
+    if (args.budget is None) == (args.deadline is None):
+        raise PlanError("give exactly one of --budget DOLLARS or --deadline HOURS.")
+    limit = args.budget if args.budget is not None else args.deadline
+    if not (limit > 0):
+        raise PlanError(f"{'--budget' if args.budget is not None else '--deadline'} is {limit}; it must be positive.")
+    if not 0 <= args.risk < 1:
+        raise PlanError(f"--risk is {args.risk}; give the largest acceptable chance of failing, from 0 to below 1.")
+    workload = workload_from(args)
+    simulator = Simulator(workload, seed=args.seed, recovery_s=args.recovery_seconds)
+    candidates = []
+    for gpu in parse_list(args.gpus, "--gpus"):
+        for market in parse_list(args.markets, "--markets"):
+            for workers in range(1, args.max_workers + 1):
+                cluster = Cluster(gpu, workers, market, args.system, replacement_delay_s=args.replacement_delay,
+                                  parameter_servers=args.parameter_servers)
+                outcome = simulator.run(cluster, args.runs, "lifetimes")
+                row = outcome.stats()
+                row["risk_pct"] = 100.0 * risk(outcome, args.budget, args.deadline)
+                candidates.append(row)
+    by_budget = args.budget is not None
+    goal = "time_h_mean" if by_budget else "cost_usd_mean"
+    what = f"costing more than ${args.budget:g}" if by_budget else f"taking longer than {args.deadline:g} h"
+    fits = sorted((r for r in candidates if r["risk_pct"] <= 100 * args.risk), key=lambda r: r[goal])
+    if not fits:
+        safest = min(candidates, key=lambda r: r["risk_pct"])
+        raise PlanError(f"no configuration keeps the risk of failing or {what} at or below {100 * args.risk:g} %; "
+                        f"the safest, {safest['configuration']}, has {safest['risk_pct']:.0f} %; "
+                        f"raise the {'budget' if by_budget else 'deadline'} or --max-workers, or accept more risk.")
+    columns = COLUMNS[:1] + (("risk %", "risk_pct", ".1f"),) + COLUMNS[1:]
+    print(f"{len(candidates)} configurations, {args.runs} simulated runs each (revocations from the study's "
+          f"lifetimes); risk = chance of failing or {what}:")
+    print(format_rows(fits[:args.top], columns), end="")
+    print(why_the_winner_wins(fits, candidates, goal, by_budget, what, args.risk))
+    return 0
+
+
+def why_the_winner_wins(fits, candidates, goal, by_budget, what, tolerance) -> str:
+    best = fits[0]
+    measure = "fastest" if by_budget else "cheapest"
+
+    def value(row):
+        return f"{row['time_h_mean']:.2f} h" if by_budget else f"${row['cost_usd_mean']:.2f}"
+
+    text = (f"\n{best['configuration']} wins: the {measure} ({value(best)} mean) of the {len(fits)} configurations "
+            f"whose risk of failing or {what} is at most {100 * tolerance:g} % (its own: {best['risk_pct']:.1f} %).")
+    if len(fits) > 1:
+        text += f" Next: {fits[1]['configuration']} at {value(fits[1])}."
+    better = [r for r in candidates if r not in fits and r[goal] < best[goal]]
+    if better:
+        excluded = min(better, key=lambda r: r[goal])
+        text += (f" {excluded['configuration']} would be {measure.replace('est', 'er')} ({value(excluded)}) "
+                 f"but its risk is {excluded['risk_pct']:.1f} %.")
+    return text

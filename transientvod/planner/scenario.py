@@ -1,0 +1,192 @@
+"""One cluster configuration, run many times against the study's real revocations.
+
+A `Cluster` says what is rented (GPU type, count, spot or on-demand) and how it trains
+(`system`): `study` is the study's asynchronous parameter-server training, whose master's
+revocation ended the run; `elastic` is this project (Horovod elastic: a lost server costs a
+recovery pause, and without a notice the steps since the last commit); `restart` is plain
+synchronous training, which stops at every revocation and restarts from its checkpoint
+when a replacement arrives. A `Workload` says how much training and how fast one server is.
+
+Revocations come either from the study's traces (`trace`: run r replays run r mod 32 of the
+measured K80 clusters of that size; a VM that was still alive when the study's job ended is
+revoked later at a time drawn from the K80 lifetimes of VMs that lived at least that long)
+or from lifetimes (`lifetimes`: each server's revocation drawn from vm_lifetimes.csv of its
+GPU type; VMs that reached GCE's 24 h limit are censored, never revoked). Replacements, when
+asked for, arrive after `replacement_delay_s` and live a lifetime drawn the same way.
+
+Cost: every worker server billed per second with a one-minute minimum at the study's GCE
+price for its market, plus `parameter_servers` always-on CPU servers at the on-demand PS
+price for the whole run. The study's headline costs count only the GPU servers
+(1 on-demand K80 for 3.91 h at $0.723/h = $2.83), so its comparisons use none.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from transientvod.cost import GCE_ON_DEMAND_USD_PER_HOUR, GCE_SPOT_USD_PER_HOUR
+from transientvod.planner.montecarlo import ELASTIC, RESTART, STUDY, simulate_runs
+from transientvod.planner.speed import SpeedModel, calibrate_k80, scaled, slowdown_for, transient_slowdown
+from transientvod.planner.study_data import TRACE_SIZES, PlanError, gpu_type, load_lifetimes, trace_runs
+
+SYSTEMS = {"study": STUDY, "elastic": ELASTIC, "restart": RESTART}
+REVOCATION_MODELS = ("trace", "lifetimes")
+MARKETS = ("spot", "on-demand")
+# This project's measured recovery: Horovod re-formed the ring 0.7-2.7 s before each
+# revocation in benchmarks/revocations.py (2 cores, Gloo). GPU clusters re-initialise NCCL
+# as well, so the planner assumes 30 s; change it with --recovery-seconds.
+ELASTIC_RECOVERY_S = 30.0
+RESTART_RECOVERY_S = 120.0  # a fresh horovodrun: start workers, load the checkpoint
+REPLACEMENT_GENERATIONS = 4  # replacements per slot the simulation follows
+
+
+@dataclass(frozen=True)
+class Workload:
+    steps: int = 64000  # the study's ResNet-32 job
+    # Steps/s of ONE server of each type. K80 is calibrated from the study; other types must
+    # be measured by the user (the study timed training only on K80s).
+    single_worker_steps_per_s: dict = field(default_factory=dict)
+    commit_every: int = 50  # elastic: at most this many steps lost without a notice
+    checkpoint_every: int = 500  # restart: at most this many steps lost per revocation
+
+    def __post_init__(self):
+        if not isinstance(self.steps, int) or self.steps <= 0:
+            raise PlanError(f"steps is {self.steps!r}; give a positive whole number of training steps.")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    gpu: str = "k80"
+    workers: int = 4
+    market: str = "spot"
+    system: str = "elastic"
+    replacement_delay_s: float = math.inf  # inf: revoked servers are not replaced
+    notices: bool = True  # a revocation notice arrives first (GCE 30 s, EC2 2 min)
+    parameter_servers: int = 0
+
+    def __post_init__(self):
+        object.__setattr__(self, "gpu", gpu_type(self.gpu))
+        if self.market not in MARKETS:
+            raise PlanError(f"market {self.market!r} is not one of {', '.join(MARKETS)}.")
+        if self.system not in SYSTEMS:
+            raise PlanError(f"system {self.system!r} is not one of {', '.join(SYSTEMS)}.")
+        if not isinstance(self.workers, int) or self.workers < 1:
+            raise PlanError(f"workers is {self.workers!r}; a cluster needs 1 or more workers.")
+        if self.replacement_delay_s < 0:
+            raise PlanError(f"the replacement delay is {self.replacement_delay_s} s; it must be 0 or more.")
+
+    @property
+    def label(self) -> str:
+        replace = "" if math.isinf(self.replacement_delay_s) else f", replaced after {self.replacement_delay_s:g} s"
+        return f"{self.workers} x {self.gpu} {self.market} ({self.system}{replace})"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The distribution of one configuration's simulated runs."""
+
+    cluster: Cluster
+    runs: int
+    time_h: np.ndarray  # every run's time to finish or fail
+    cost_usd: np.ndarray  # every run's bill, failed ones up to the failure
+    on_demand_usd: np.ndarray  # the same worker-seconds at on-demand prices
+    failed: np.ndarray
+    revocations: np.ndarray
+
+    def stats(self) -> dict:
+        ok = ~self.failed
+        row = {"configuration": self.cluster.label, "runs": self.runs,
+               "failure_pct": 100.0 * float(np.mean(self.failed)),
+               "revocations_mean": float(np.mean(self.revocations))}
+        for name, values in (("time_h", self.time_h[ok]), ("cost_usd", self.cost_usd[ok])):
+            for stat, fn in (("mean", np.mean), ("p50", np.median), ("p90", lambda v: np.percentile(v, 90))):
+                row[f"{name}_{stat}"] = float(fn(values)) if values.size else math.nan
+        return row
+
+
+class Simulator:
+    """Holds what every configuration shares (the calibrated speed, lifetimes, traces)."""
+
+    def __init__(self, workload: Workload, seed: int = 0, recovery_s: float | None = None):
+        self.workload = workload
+        self.seed = seed
+        self.recovery_s = recovery_s
+        self._k80 = calibrate_k80()
+        self._slowdown, self.slowdown_source = transient_slowdown()
+        self._lifetimes = {}
+
+    def speed(self, gpu: str) -> SpeedModel:
+        if gpu == "k80" and "k80" not in self.workload.single_worker_steps_per_s:
+            return self._k80
+        if gpu not in self.workload.single_worker_steps_per_s:
+            raise PlanError(f"no training speed for {gpu}: the study timed only K80s; measure one {gpu} server "
+                            f"and pass --speed {gpu}=STEPS_PER_SECOND.")
+        return scaled(self._k80, gpu, self.workload.single_worker_steps_per_s[gpu])
+
+    def lifetimes(self, gpu: str):
+        if gpu not in self._lifetimes:
+            self._lifetimes[gpu] = load_lifetimes(gpu)
+        return self._lifetimes[gpu]
+
+    def run(self, cluster: Cluster, runs: int = 10000, revocations: str = "trace") -> Outcome:
+        if revocations not in REVOCATION_MODELS:
+            raise PlanError(f"revocation model {revocations!r} is not one of {', '.join(REVOCATION_MODELS)}.")
+        if not isinstance(runs, int) or runs < 1:
+            raise PlanError(f"runs is {runs!r}; simulate at least 1 run.")
+        rng = np.random.default_rng(self.seed)
+        n, gpu = cluster.workers, cluster.gpu
+        speed = self.speed(gpu)
+        if n > speed.max_workers:
+            raise PlanError(f"{n} workers is more than the speed model's {speed.max_workers}.")
+        throughput = np.array(speed.steps_per_second[:n + 1])
+        if cluster.market == "spot":
+            # Transient clusters ran slower than on-demand ones even without revocations.
+            throughput = throughput / slowdown_for(self._slowdown, n)
+            revoked_at = self._revocations(cluster, runs, revocations, rng)
+        else:
+            revoked_at = np.full((runs, n), np.inf)
+        lifetimes = self.lifetimes(gpu) if cluster.market == "spot" else None
+        replacement_life = (lifetimes.sample(rng, (runs, n, REPLACEMENT_GENERATIONS)) if lifetimes is not None
+                            else np.full((runs, n, REPLACEMENT_GENERATIONS), np.inf))
+        most_lost = self.workload.checkpoint_every if cluster.system == "restart" else self.workload.commit_every
+        lost_steps = rng.uniform(0, most_lost, size=(runs, n))
+        noticed = np.full((runs, n), cluster.notices)
+        recovery = self.recovery_s
+        if recovery is None:
+            recovery = {"study": 0.0, "elastic": ELASTIC_RECOVERY_S, "restart": RESTART_RECOVERY_S}[cluster.system]
+        result = simulate_runs(revoked_at, noticed, lost_steps, replacement_life, throughput, self.workload.steps,
+                               SYSTEMS[cluster.system], recovery_s=recovery,
+                               replacement_delay_s=cluster.replacement_delay_s)
+        price = (GCE_SPOT_USD_PER_HOUR if cluster.market == "spot" else GCE_ON_DEMAND_USD_PER_HOUR)[gpu]
+        time_s = np.asarray(result.time_s)
+        ps_seconds = np.maximum(60.0, np.ceil(time_s)) * cluster.parameter_servers
+        worker_seconds = np.asarray(result.billed_seconds)
+        cost = (worker_seconds * price + ps_seconds * GCE_ON_DEMAND_USD_PER_HOUR["ps"]) / 3600.0
+        on_demand = (worker_seconds * GCE_ON_DEMAND_USD_PER_HOUR[gpu] + ps_seconds * GCE_ON_DEMAND_USD_PER_HOUR["ps"]) / 3600.0
+        return Outcome(cluster, runs, time_s / 3600.0, cost, on_demand, np.asarray(result.failed),
+                       np.asarray(result.revocations))
+
+    def _revocations(self, cluster: Cluster, runs: int, model: str, rng) -> np.ndarray:
+        n = cluster.workers
+        if model == "lifetimes":
+            return self.lifetimes(cluster.gpu).sample(rng, (runs, n))
+        if cluster.gpu != "k80" or n not in TRACE_SIZES:
+            raise PlanError(f"the study's traces are of {', '.join(map(str, TRACE_SIZES))} K80 servers, not {n} x "
+                            f"{cluster.gpu}; use the lifetimes revocation model (--revocations lifetimes).")
+        measured = trace_runs(n)
+        uptime = np.array([[vm.uptime_s for vm in run.vms] for run in measured])
+        revoked = np.array([[vm.revoked for vm in run.vms] for run in measured])
+        pick = np.arange(runs) % len(measured)  # every measured run replayed equally often
+        uptime, revoked = uptime[pick], revoked[pick]
+        # A VM alive when the study's job ended lives on: its revocation is drawn from the VMs
+        # that lived at least as long.
+        later = self.lifetimes("k80").sample_beyond(rng, uptime)
+        return np.where(revoked, uptime, later)
+
+
+def simulate(clusters: list[Cluster], workload: Workload, runs: int = 10000, revocations: str = "trace",
+             seed: int = 0, recovery_s: float | None = None) -> list[Outcome]:
+    simulator = Simulator(workload, seed=seed, recovery_s=recovery_s)
+    return [simulator.run(cluster, runs, revocations) for cluster in clusters]
