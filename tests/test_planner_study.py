@@ -107,3 +107,9 @@ def test_bad_planner_input_is_one_sentence(args, fragment):
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in done.stderr, done.stderr
+
+
+def test_bounded_staleness_speedup_divides_the_on_demand_time(simulator):
+    synchronous = simulator.run(Cluster("k80", 4, "on-demand", "elastic"), 10)
+    stale = simulator.run(Cluster("k80", 4, "on-demand", "elastic", staleness_speedup=1.32), 10)
+    assert stale.time_h == pytest.approx(synchronous.time_h / 1.32)

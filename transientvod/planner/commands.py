@@ -73,7 +73,8 @@ def write_csv(rows: list[dict], path) -> Path:
 def run_simulate(args) -> int:
     workload = workload_from(args)
     clusters = [Cluster(gpu, workers, market, system, replacement_delay_s=args.replacement_delay,
-                        notices=not args.no_notices, parameter_servers=args.parameter_servers)
+                        notices=not args.no_notices, parameter_servers=args.parameter_servers,
+                        staleness_speedup=args.staleness_speedup)
                 for gpu in parse_list(args.gpu, "--gpu") for workers in parse_list(args.workers, "--workers", int)
                 for market in parse_list(args.market, "--market") for system in parse_list(args.system, "--system")]
     simulator = Simulator(workload, seed=args.seed, recovery_s=args.recovery_seconds)
@@ -114,7 +115,8 @@ def run_plan(args) -> int:
         for market in parse_list(args.markets, "--markets"):
             for workers in range(1, args.max_workers + 1):
                 cluster = Cluster(gpu, workers, market, args.system, replacement_delay_s=args.replacement_delay,
-                                  parameter_servers=args.parameter_servers)
+                                  parameter_servers=args.parameter_servers,
+                                  staleness_speedup=args.staleness_speedup)
                 outcome = simulator.run(cluster, args.runs, "lifetimes")
                 row = outcome.stats()
                 row["risk_pct"] = 100.0 * risk(outcome, args.budget, args.deadline)
