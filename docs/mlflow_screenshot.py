@@ -77,6 +77,9 @@ class UserError(Exception):
 def _free_port(port: int = 0) -> int:
     """`port` if nothing listens on it (else OSError), or any free port for 0."""
     with socket.socket() as sock:
+        # As uvicorn binds: a port whose old connections linger in TIME_WAIT (a server just
+        # stopped, to be started again on the same port) is free to it.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError as e:
