@@ -113,3 +113,21 @@ def test_bounded_staleness_speedup_divides_the_on_demand_time(simulator):
     synchronous = simulator.run(Cluster("k80", 4, "on-demand", "elastic"), 10)
     stale = simulator.run(Cluster("k80", 4, "on-demand", "elastic", staleness_speedup=1.32), 10)
     assert stale.time_h == pytest.approx(synchronous.time_h / 1.32)
+
+
+def test_a_trace_of_your_own_is_replayed_and_checked(tmp_path):
+    good = tmp_path / "mine.csv"
+    good.write_text("VM_name,Uptime,Revoked\nr1-master,9000,Job completed\nr1-worker-0,600,Revoked\n")
+    done = transientvod("simulate", "--workers", "2", "--trace", str(good), "--runs", "100")
+    assert done.returncode == 0, done.stderr
+    row = next(line for line in done.stdout.splitlines() if line.startswith("2 x k80 spot (elastic)"))
+    assert float(row.split()[6]) >= 1.0, row  # the worker's revocation in every run, the master's in some
+    assert str(good) in done.stdout
+    missing = tmp_path / "no-uptime.csv"
+    missing.write_text("VM_name,Revoked\nr1-master,Job completed\n")
+    done = transientvod("simulate", "--workers", "1", "--trace", str(missing))
+    assert done.returncode == 2 and "'Uptime'" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    negative = tmp_path / "negative.csv"
+    negative.write_text("VM_name,Uptime,Revoked\nr1-master,-5,Revoked\n")
+    done = transientvod("simulate", "--workers", "1", "--trace", str(negative))
+    assert done.returncode == 2 and "negative" in done.stderr and "line 2" in done.stderr, done.stderr

@@ -77,10 +77,12 @@ def run_simulate(args) -> int:
                         staleness_speedup=args.staleness_speedup)
                 for gpu in parse_list(args.gpu, "--gpu") for workers in parse_list(args.workers, "--workers", int)
                 for market in parse_list(args.market, "--market") for system in parse_list(args.system, "--system")]
-    simulator = Simulator(workload, seed=args.seed, recovery_s=args.recovery_seconds)
+    simulator = Simulator(workload, seed=args.seed, recovery_s=args.recovery_seconds, trace_path=args.trace)
     rows = [simulator.run(cluster, args.runs, args.revocations).stats() for cluster in clusters]
+    source = ("the study's VM lifetimes" if args.revocations == "lifetimes"
+              else f"the trace {args.trace}" if args.trace else "the study's traces")
     print(f"{args.runs} simulated runs of {workload.steps} steps per configuration, revocations from "
-          f"{'the study traces' if args.revocations == 'trace' else 'the study lifetimes'} (seed {args.seed}); "
+          f"{source} (seed {args.seed}); "
           "time and cost over the runs that finished:")
     print(format_rows(rows), end="")
     if args.csv:

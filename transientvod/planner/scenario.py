@@ -116,8 +116,10 @@ class Outcome:
 class Simulator:
     """Holds what every configuration shares (the calibrated speed, lifetimes, traces)."""
 
-    def __init__(self, workload: Workload, seed: int = 0, recovery_s: float | None = None):
+    def __init__(self, workload: Workload, seed: int = 0, recovery_s: float | None = None,
+                 trace_path: str | None = None):
         self.workload = workload
+        self.trace_path = trace_path  # your own trace (transientvod.spot.trace format) instead of the study's
         self.seed = seed
         self.recovery_s = recovery_s
         self._k80 = calibrate_k80()
@@ -179,10 +181,10 @@ class Simulator:
         n = cluster.workers
         if model == "lifetimes":
             return self.lifetimes(cluster.gpu).sample(rng, (runs, n))
-        if cluster.gpu != "k80" or n not in TRACE_SIZES:
+        if self.trace_path is None and (cluster.gpu != "k80" or n not in TRACE_SIZES):
             raise PlanError(f"the study's traces are of {', '.join(map(str, TRACE_SIZES))} K80 servers, not {n} x "
                             f"{cluster.gpu}; use the lifetimes revocation model (--revocations lifetimes).")
-        measured = trace_runs(n)
+        measured = trace_runs(n, self.trace_path)
         uptime = np.array([[vm.uptime_s for vm in run.vms] for run in measured])
         revoked = np.array([[vm.revoked for vm in run.vms] for run in measured])
         pick = np.arange(runs) % len(measured)  # every measured run replayed equally often
