@@ -116,7 +116,7 @@ def test_whole_job_killed_then_restarted_resumes_from_checkpoint(job, tmp_path):
 
     done = j.run(discovery)
     assert done.returncode == 0, explain(done)
-    assert f"resumed from the durable checkpoint" in done.stderr + done.stdout
+    assert "resumed from the durable checkpoint" in done.stderr + done.stdout
     restarted = j.rows("events.jsonl")[first_run_events:]
     assert restarted and {e["step"] for e in restarted[:2]} == {saved}, restarted[:2]
     summary = j.summary()

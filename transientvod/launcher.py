@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from transientvod.config import Config, ConfigError, write_resolved
+from transientvod.config import Config, write_resolved
 
 HOST_LINE = re.compile(r"^[^\s:]+:\d+$")
 

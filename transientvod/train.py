@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import horovod.torch as hvd
 
 from transientvod.accounting import JobAccounting
-from transientvod.checkpoint import CheckpointStore, open_store
+from transientvod.checkpoint import open_store
 from transientvod.config import Config, ConfigError, load_config, to_yaml
 from transientvod.cost import PriceError
 from transientvod.data import DataError, Dataset, load_dataset
