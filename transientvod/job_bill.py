@@ -18,8 +18,8 @@ from __future__ import annotations
 import time
 
 from transientvod.config import Config
-from transientvod.spot.hosts import USABLE, HostStateError, read_host_state
 from transientvod.cost import Bill, CostMeter, PriceCatalog, SpotPriceHistory, load_price_table
+from transientvod.spot.hosts import USABLE, HostStateError, read_host_state
 
 
 def price_catalog(config: Config) -> PriceCatalog:
