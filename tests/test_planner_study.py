@@ -7,8 +7,8 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import REPO, TRANSIENTVOD
 
+from conftest import REPO, TRANSIENTVOD
 from transientvod.planner.scenario import Cluster, Simulator, Workload
 from transientvod.planner.study_data import ondemand_runs, trace_runs
 

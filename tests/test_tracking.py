@@ -6,9 +6,9 @@ import json
 import logging
 
 import pytest
-from conftest import free_port, mlflow_browser, new_mlflow_store, wait_until
 from mlflow import MlflowClient
 
+from conftest import free_port, mlflow_browser, new_mlflow_store, wait_until
 from transientvod import tracking
 from transientvod import tracking_names as names
 from transientvod.config import load_config

@@ -6,9 +6,9 @@ import csv
 import subprocess
 
 import pytest
-from conftest import REPO, TRANSIENTVOD, explain, free_port, mlflow_browser, new_mlflow_store, wait_until
 from mlflow import MlflowClient
 
+from conftest import REPO, TRANSIENTVOD, explain, free_port, mlflow_browser, new_mlflow_store, wait_until
 from transientvod import tracking_names as names
 from transientvod.cost import GCE_ON_DEMAND_USD_PER_HOUR, GCE_SPOT_USD_PER_HOUR
 
