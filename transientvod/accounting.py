@@ -38,6 +38,7 @@ class JobAccounting:
     def __init__(self, config: Config):
         self.config = config
         self.bill: JobBill | None = None  # rank 0's meter, rebuilt from the ledger after each sync
+        self.catalog = None  # rank 0's prices, kept across syncs (and its spot price cache with them)
         self.sender = None  # rank 0's MetricSender, started when this process first is rank 0
         # The launcher opens the MLflow run and closes it after horovodrun; a job started by
         # hand has no launcher, so rank 0 opens the run at the start and closes it at the end.
@@ -52,7 +53,8 @@ class JobAccounting:
             state.started_at = now
         if resumed and state.cost_ledger:
             # The job was down between its last checkpoint and now; nobody was billed for it.
-            bill = JobBill(self.config, state.cost_ledger, now)
+            bill = JobBill(self.config, state.cost_ledger, now, self.catalog)
+            self.catalog = bill.catalog
             bill.restart(state.ledger_saved_at or now, now)
             state.cost_ledger = bill.ledger()
         tracking = self.config.tracking
@@ -70,7 +72,8 @@ class JobAccounting:
         ledger = None
         if hvd.rank() == 0:
             now = time.time()
-            self.bill = JobBill(self.config, state.cost_ledger, now)
+            self.bill = JobBill(self.config, state.cost_ledger, now, self.catalog)
+            self.catalog = self.bill.catalog
             joined, left = self.bill.follow_ring(hosts, now, revocation_moments(self.config))
             if joined or left:
                 log.info("billing %d hosts from now (joined: %s; left: %s)", len(set(hosts)),
@@ -82,9 +85,7 @@ class JobAccounting:
 
     def on_log(self, state: TransientState, row: dict) -> None:
         """Adds the cost so far to the metrics row and sends it to MLflow."""
-        bill = self.bill.bill(time.time())
-        row["cost_usd"] = round(bill.cost_usd, 6)
-        row["on_demand_cost_usd"] = round(bill.on_demand_usd, 6)
+        bill = self._cost_into(row)
         self._send(state, {names.METRIC_LOSS: row["loss"], names.METRIC_THROUGHPUT: row["samples_per_s"],
                            names.METRIC_WORKERS: row["world_size"], names.METRIC_COST: bill.cost_usd,
                            names.METRIC_ON_DEMAND_COST: bill.on_demand_usd,
@@ -92,11 +93,15 @@ class JobAccounting:
 
     def on_eval(self, state: TransientState, row: dict) -> None:
         # Cost at the same step as the accuracy: the cost-versus-accuracy figure pairs them by step.
+        bill = self._cost_into(row)
+        self._send(state, {names.METRIC_ACCURACY: row["test_accuracy"], names.METRIC_COST: bill.cost_usd,
+                           names.METRIC_ON_DEMAND_COST: bill.on_demand_usd})
+
+    def _cost_into(self, row: dict):
         bill = self.bill.bill(time.time())
         row["cost_usd"] = round(bill.cost_usd, 6)
         row["on_demand_cost_usd"] = round(bill.on_demand_usd, 6)
-        self._send(state, {names.METRIC_ACCURACY: row["test_accuracy"], names.METRIC_COST: bill.cost_usd,
-                           names.METRIC_ON_DEMAND_COST: bill.on_demand_usd})
+        return bill
 
     def before_checkpoint(self, state: TransientState) -> None:
         # A restart bills the old servers up to here (the last moment known alive).

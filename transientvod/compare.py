@@ -25,6 +25,7 @@ from mlflow.entities import ViewType
 from mlflow.exceptions import MlflowException
 
 from transientvod.tracking_names import (
+    DEFAULT_EXPERIMENT,
     METRIC_ACCURACY,
     METRIC_COST,
     METRIC_ON_DEMAND_COST,
@@ -38,7 +39,6 @@ from transientvod.tracking_names import (
 )
 
 DEFAULT_TRACKING_URI = "sqlite:///runs/mlflow.db"
-DEFAULT_EXPERIMENT = "transientvod"
 ON_DEMAND = "on-demand"
 CSV_NAME = "compare.csv"
 PNG_NAME = "compare.png"

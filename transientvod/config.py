@@ -23,6 +23,8 @@ from pathlib import Path
 
 import yaml
 
+from transientvod.tracking_names import DEFAULT_EXPERIMENT
+
 DATASETS = ("digits", "cifar10", "synthetic")
 MODELS = ("resnet",)
 LR_SCALING_RULES = ("linear", "none")
@@ -166,7 +168,7 @@ class TrackingConfig:
     """MLflow (transientvod/tracking.py): the launcher opens and closes the run, rank 0 logs."""
     enabled: bool = True
     uri: str = ""  # "" means $MLFLOW_TRACKING_URI, else sqlite:///<run.output_dir>/mlflow.db
-    experiment: str = "transientvod"
+    experiment: str = DEFAULT_EXPERIMENT
     run_id: str = ""  # set by the launcher: the MLflow run whichever process is rank 0 logs into
 
 

@@ -61,9 +61,10 @@ def revocation_moments(config: Config) -> dict[str, float]:
 class JobBill:
     """The cost meter of one job, rebuilt from (and saved to) a JSON ledger."""
 
-    def __init__(self, config: Config, ledger: dict | None, now: float):
+    def __init__(self, config: Config, ledger: dict | None, now: float, catalog: PriceCatalog | None = None):
         self.config = config
-        self.catalog = price_catalog(config)
+        # Pass the catalog on when rebuilding: it holds the spot price history already fetched.
+        self.catalog = catalog or price_catalog(config)
         if ledger:
             self.meter = CostMeter.from_state(self.catalog, ledger)
         else:

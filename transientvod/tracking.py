@@ -314,7 +314,6 @@ class MetricSender:
         self._wake = threading.Event()
         self._closing = False
         self._failing_since: float | None = None
-        self.sent = 0
         self._thread = threading.Thread(target=self._send_loop, name="mlflow-sender", daemon=True)
         self._thread.start()
 
@@ -337,7 +336,6 @@ class MetricSender:
         self._thread.join(timeout)
         with self._lock:
             left, self._pending = self._pending, []
-            self._closing = True
         if left:
             with open(self.unsent_path, "a") as f:
                 for m in left:
@@ -359,7 +357,6 @@ class MetricSender:
                     break
                 with self._lock:
                     del self._pending[:len(batch)]
-                self.sent += len(batch)
             # Closing: leave once all is sent; while failing, retry until close() stops waiting.
             if self._closing and not self.pending():
                 return

@@ -1,6 +1,8 @@
 """The names a run is recorded under in MLflow: one place, so the writer (tracking.py) and
 the readers (compare.py, the browser test) cannot drift apart."""
 
+DEFAULT_EXPERIMENT = "transientvod"  # where runs go unless tracking.experiment says otherwise
+
 # Params: what the run was (logged once, at the start).
 PARAM_MODEL = "model"  # "resnet-8x4": depth x width
 PARAM_DATASET = "dataset"
