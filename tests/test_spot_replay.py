@@ -2,7 +2,10 @@
 
 Run 3 of the 4-K80 trace lost worker-0 at 1454 s; run 7 lost its master at 3629 s (the
 study's run failed; ours must not). The replay skips to shortly before the revocation and
-runs 5x faster, so GCE's 30 s notice becomes 6 s.
+runs faster than real time. With notices it runs 2.5x faster, so GCE's 30 s notice becomes
+12 s: removing a host gracefully takes Horovod 2-6 s on this 2-core machine under load
+(discovery every second, then the next commit), and at 5x (a 6 s notice) a loaded CI
+machine sometimes lost the race and the test saw a rollback instead of the graceful path.
 """
 from __future__ import annotations
 
@@ -21,11 +24,13 @@ TRACE = "k80_spot_4workers_vm_trace.csv"
 def replay_job(job, name, run_id, revoke_at, notices=True, steps=600):
     if len(local_host_names()) < 4:
         pytest.fail(f"this test maps 4 VMs onto 4 local host names; /etc/hosts gives only {local_host_names()}")
+    # With notices: 18 s of replay before the revocation, the notice (30 s of trace time)
+    # 6 s in, after the first steps. Without: 8 s, since only the kill matters.
+    time_scale, lead = (2.5, 45) if notices else (5.0, 40)
     return job(name, train={"steps": steps, "commit_every": 20, "checkpoint_every": 100},
                cluster={"min_np": 1, "max_np": 4},
-               spot={"provider": "trace", "trace": TRACE, "trace_run": run_id, "time_scale": 5.0,
-                     # 8 s of replay before the revocation: the notice (30 s of trace time) comes 2 s in.
-                     "start_at": revoke_at - 40, "poll_seconds": 0.25, "notices": notices},
+               spot={"provider": "trace", "trace": TRACE, "trace_run": run_id, "time_scale": time_scale,
+                     "start_at": revoke_at - lead, "poll_seconds": 0.25, "notices": notices},
                notices={"poll_seconds": 0.5})
 
 
@@ -39,10 +44,10 @@ def test_noticed_revocation_is_removed_gracefully_and_loses_nothing(job):
     log = done.stdout + done.stderr
     assert done.returncode == 0, explain(done)
     summary = j.summary()
-    assert summary["steps"] == 600
-    assert summary["world_sizes_seen"] == [4, 3]
-    assert summary["steps_lost"] == 0
-    assert summary["revocations_survived"] == 1
+    assert summary["steps"] == 600, explain(done)
+    assert summary["world_sizes_seen"] == [4, 3], explain(done)
+    assert summary["steps_lost"] == 0, explain(done)
+    assert summary["revocations_survived"] == 1, explain(done)
     revoked = host_states(j)["127.0.0.1"]  # worker-0 is the trace's second VM
     assert revoked["state"] == "gone" and revoked["instance_id"] == "us-east1-c-run3-worker-0"
     shrunk = [e for e in j.rows("events.jsonl") if e["size"] == 3]
@@ -58,9 +63,9 @@ def test_master_revocation_is_survived(job):
     done = j.run()
     assert done.returncode == 0, explain(done)
     summary = j.summary()
-    assert summary["steps"] == 600
-    assert summary["world_sizes_seen"] == [4, 3]
-    assert summary["steps_lost"] == 0
+    assert summary["steps"] == 600, explain(done)
+    assert summary["world_sizes_seen"] == [4, 3], explain(done)
+    assert summary["steps_lost"] == 0, explain(done)
     states = host_states(j)
     assert states["localhost"]["state"] == "gone"
     assert states["localhost"]["instance_id"] == "us-east1-c-run7-master"
@@ -73,8 +78,8 @@ def test_revocation_without_notice_rolls_back_and_counts_lost_steps(job):
     log = done.stdout + done.stderr
     assert done.returncode == 0, explain(done)
     summary = j.summary()
-    assert summary["steps"] == 600
-    assert summary["revocations_survived"] >= 1
+    assert summary["steps"] == 600, explain(done)
+    assert summary["revocations_survived"] >= 1, explain(done)
     assert "killed its workers" in log, "the replayer must kill the revoked host's worker"
     assert "recovered (a worker failed)" in log
     assert 0 <= summary["steps_lost"] <= 20, "a rollback loses at most commit_every steps"

@@ -17,8 +17,9 @@ def test_watch_replays_a_trace_into_the_host_state_file(tmp_path):
     config.write_text(yaml.safe_dump({"spot": {
         "provider": "trace", "trace": "k80_spot_2workers_vm_trace.csv", "trace_run": "spot2-us-east1-c-run1",
         "hosts": "hostA,hostB", "state_file": str(state), "poll_seconds": 0.1,
-        # worker-0 went at 941.8 s of trace time; start 1 s of real time (x100) before it.
-        "time_scale": 100.0, "start_at": 841.8}}))
+        # worker-0 went at 941.8 s of trace time, its notice 30 s earlier; start 2 s of real
+        # time (x100) before the notice, so that a loaded machine still sees both hosts first.
+        "time_scale": 100.0, "start_at": 711.8}}))
     watcher = subprocess.Popen(TRANSIENTVOD + ["watch", "--config", str(config)], cwd=REPO,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

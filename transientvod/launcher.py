@@ -119,6 +119,7 @@ def check_prices(config: Config) -> None:
 
 SPOT_HOSTS = Path(__file__).resolve().parents[1] / "launch" / "spot_hosts.py"
 REPLAY_START_TIMEOUT = 120  # seconds to wait for a worker on every host before a replay starts
+STATE_REFRESH_SECONDS = 5  # how often the first host state is rewritten while the replay waits
 log = logging.getLogger(__name__)
 
 
@@ -145,9 +146,19 @@ def start_spot_watcher(config: Config) -> tuple[str, threading.Event]:
         nonlocal provider
         if replay:
             # The replay's clock starts when the job runs on every host, as the study's did.
-            initial = [h.name for h in provider.poll(time.time()) if h.state == "usable"]
-            if not wait_for_workers(state_file, initial, REPLAY_START_TIMEOUT, stop):
-                log.warning("not every host had a worker after %d s; starting the replay anyway", REPLAY_START_TIMEOUT)
+            first_hosts = provider.poll(time.time())
+            initial = [h.name for h in first_hosts if h.state == "usable"]
+            deadline = time.monotonic() + REPLAY_START_TIMEOUT
+            while not wait_for_workers(state_file, initial, STATE_REFRESH_SECONDS, stop):
+                if stop.is_set():
+                    return
+                if time.monotonic() >= deadline:
+                    log.warning("not every host had a worker after %d s; starting the replay anyway",
+                                REPLAY_START_TIMEOUT)
+                    break
+                # Rewrite the first state while the workers start, or discovery would call
+                # it stale (and the watcher stopped) on a cluster slower to start than that.
+                write_host_state(state_file, HostState(provider.name, time.time(), first_hosts))
             provider = provider_from_config(config.spot, start_time=time.time())
         watch(provider, state_file, poll_seconds=config.spot.poll_seconds, kill_revoked=replay, stop=stop)
 
