@@ -8,7 +8,6 @@ import http.client
 import http.server
 import json
 import logging
-import socket
 import subprocess
 import sys
 import threading

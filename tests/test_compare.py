@@ -215,7 +215,7 @@ def test_table_shows_each_runs_numbers(store):
     assert f"baseline: od-1 ({ids['od-1']}), 1 x k80 on-demand" in text
     for row in rows:
         metrics = stored(client, row.run_id)
-        line = next(l for l in text.splitlines() if l.startswith(row.run_name + " "))
+        line = next(t for t in text.splitlines() if t.startswith(row.run_name + " "))
         expected = [row.configuration, str(int(metrics.get(METRIC_REVOCATIONS, 0))),
                     f"{metrics[METRIC_WALL_HOURS]:.4f}", f"{metrics[METRIC_COST]:.4f}",
                     f"{100 * metrics[METRIC_ACCURACY]:.2f}", f"{row.speedup:.2f}x", f"{row.savings_pct:.1f}"]
@@ -226,7 +226,7 @@ def test_table_shows_each_runs_numbers(store):
 def test_a_run_without_hours_or_accuracy_shows_dashes(store):
     uri, _, _ = store
     text = format_table(load_runs(uri, "baseline-choice"))
-    line = next(l for l in text.splitlines() if l.startswith("crashed "))
+    line = next(t for t in text.splitlines() if t.startswith("crashed "))
     revocations, hours, cost, top1, speedup, savings = line.split()[-6:]
     assert hours == top1 == speedup == "-"
     # What it did record is still shown.

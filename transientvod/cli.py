@@ -117,12 +117,41 @@ def parse_prices(items: list[str]) -> dict[str, float]:
     return prices
 
 
+def fleet_prices(instance_types: list[str], given: dict[str, float], region: str) -> dict[str, float]:
+    """--price for each type that has one; the others at their on-demand price in `region`,
+    which bounds what they can cost: the fleet asks for spot instances at EC2's default
+    maximum price, the on-demand price. A type with neither is one sentence."""
+    from transientvod.cost import AWS_PRICE_TABLE_REGION, PriceCatalog, PriceError
+
+    prices = dict(given)
+    catalog = PriceCatalog("aws", region=region)
+    for instance_type in instance_types:
+        if instance_type in prices:
+            continue
+        try:
+            prices[instance_type] = catalog.on_demand_hourly(instance_type)
+        except PriceError:
+            why = (f"the built-in on-demand table covers aws {AWS_PRICE_TABLE_REGION} only (this fleet runs in {region})"
+                   if region not in ("", AWS_PRICE_TABLE_REGION) else "it is not in the built-in on-demand table")
+            raise ConfigError(f"instance type {instance_type!r} has no --price and {why}; give "
+                              f"--price {instance_type}=DOLLARS_PER_HOUR.") from None
+        print(f"transientvod fleet: budgeting {instance_type} at its on-demand ${prices[instance_type]:g}/h "
+              f"in {region or AWS_PRICE_TABLE_REGION}, the most a spot instance costs at EC2's default "
+              f"maximum price; --price {instance_type}=... budgets lower.", flush=True)
+    return prices
+
+
 def cmd_fleet(args) -> int:
+    import boto3
+
     from transientvod.spot.fleet import Fleet, FleetSpec
 
+    instance_types = [t for t in args.instance_types.split(",") if t]
+    region = args.region or boto3.session.Session().region_name or ""
     try:
-        spec = FleetSpec(job_tag=args.job_tag, instance_types=[t for t in args.instance_types.split(",") if t],
-                         target=args.target, image_id=args.image_id, hourly_price=parse_prices(args.price),
+        spec = FleetSpec(job_tag=args.job_tag, instance_types=instance_types,
+                         target=args.target, image_id=args.image_id,
+                         hourly_price=fleet_prices(instance_types, parse_prices(args.price), region),
                          budget=args.budget, subnet_id=args.subnet_id, key_name=args.key_name,
                          security_group_ids=args.security_group_id)
     except ValueError as e:
@@ -241,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_argument("--target", type=int, required=True, help="instances to keep alive")
     fleet.add_argument("--image-id", required=True)
     fleet.add_argument("--price", action="append", default=[], metavar="TYPE=DOLLARS_PER_HOUR",
-                       help="the price of each instance type (required for every type; repeatable)")
+                       help="what to budget per hour for an instance type (repeatable); a type without one "
+                            "is budgeted at its on-demand price, from the built-in us-east-1 table")
     fleet.add_argument("--budget", type=float, help="dollars for the fleet's whole life")
     fleet.add_argument("--region")
     fleet.add_argument("--endpoint-url")
