@@ -79,6 +79,7 @@ class JobAccounting:
                 log.info("billing %d hosts from now (joined: %s; left: %s)", len(set(hosts)),
                          ", ".join(joined) or "none", ", ".join(left) or "none")
             ledger = self.bill.ledger()
+            self._start_sender(state)  # MLflow loads in its thread while the first steps run
         state.cost_ledger = hvd.broadcast_object(ledger, root_rank=0, name="transientvod.cost_ledger")
 
     # -- while training (rank 0) -------------------------------------------------------------
@@ -107,13 +108,16 @@ class JobAccounting:
         # A restart bills the old servers up to here (the last moment known alive).
         state.ledger_saved_at = time.time()
 
-    def _send(self, state: TransientState, metrics: dict) -> None:
-        if not self.config.tracking.enabled:
-            return
-        if self.sender is None:
+    def _start_sender(self, state: TransientState) -> None:
+        if self.config.tracking.enabled and self.sender is None:
             from transientvod.tracking import UNSENT_FILE, MetricSender, tracking_uri
             self.sender = MetricSender(tracking_uri(self.config), state.mlflow_run_id,
                                        self.config.run_dir / UNSENT_FILE)
+
+    def _send(self, state: TransientState, metrics: dict) -> None:
+        if not self.config.tracking.enabled:
+            return
+        self._start_sender(state)
         self.sender.log(metrics, state.step)
 
     # -- at the end (rank 0) -----------------------------------------------------------------

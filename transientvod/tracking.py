@@ -28,6 +28,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import typing
 from pathlib import Path
 
 import yaml
@@ -294,13 +295,25 @@ def _log_figure(client, run_id: str) -> None:
 
 # -- rank 0's part ---------------------------------------------------------------------------
 
+class _Point(typing.NamedTuple):
+    """One metric value as MLflow stores it (mlflow.entities.Metric, without importing MLflow)."""
+    key: str
+    value: float
+    timestamp: int  # milliseconds since the epoch
+    step: int
+
+
 class MetricSender:
     """Sends metrics to one MLflow run from a background thread.
 
-    `log()` only appends to a list, so training never waits for the tracking server. The
-    thread sends in batches, in order; when a send fails it warns once, keeps everything, and
-    tries again every RETRY_SECONDS. `close()` waits up to FLUSH_SECONDS for the rest and
-    writes whatever is still unsent to `unsent_path` for the launcher to send.
+    Neither the constructor nor `log()` imports MLflow or waits for the tracking server:
+    `log()` only appends to a list, and the thread imports MLflow (seconds on a loaded
+    machine) and sends. Rank 0 runs this inside the training loop, where every other rank
+    waits for it at the next collective: a stall there is a stall of the whole ring, with the
+    steps since the last commit at risk if a server goes meanwhile. The thread sends in
+    batches, in order; when a send fails it warns once, keeps everything, and tries again
+    every RETRY_SECONDS. `close()` waits up to FLUSH_SECONDS for the rest and writes
+    whatever is still unsent to `unsent_path` for the launcher to send.
     """
 
     def __init__(self, uri: str, run_id: str, unsent_path: Path, retry_seconds: float = RETRY_SECONDS):
@@ -308,8 +321,8 @@ class MetricSender:
         self.run_id = run_id
         self.unsent_path = Path(unsent_path)
         self.retry_seconds = retry_seconds
-        self._client = _client(uri)
-        self._pending: list = []
+        self._client = None  # made by the thread
+        self._pending: list[_Point] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = False
@@ -318,11 +331,9 @@ class MetricSender:
         self._thread.start()
 
     def log(self, metrics: dict[str, float], step: int, at: float | None = None) -> None:
-        from mlflow.entities import Metric
-
         timestamp = int((time.time() if at is None else at) * 1000)
         with self._lock:
-            self._pending.extend(Metric(k, float(v), timestamp, step) for k, v in metrics.items())
+            self._pending.extend(_Point(k, float(v), timestamp, step) for k, v in metrics.items())
         self._wake.set()
 
     def pending(self) -> int:
@@ -346,6 +357,7 @@ class MetricSender:
         return len(left)
 
     def _send_loop(self) -> None:
+        self._connect()  # before the first metric arrives, off the training loop's path
         while True:
             # Sleep until there is something to send, or until the next retry while failing.
             self._wake.wait(self.retry_seconds if self._failing_since is not None else None)
@@ -361,9 +373,19 @@ class MetricSender:
             if self._closing and not self.pending():
                 return
 
-    def _send(self, batch) -> bool:
+    def _connect(self) -> None:
         try:
-            self._client.log_batch(self.run_id, metrics=batch)
+            self._client = _client(self.uri)
+        except Exception:  # _send tries again, and says what is wrong
+            self._client = None
+
+    def _send(self, batch: list[_Point]) -> bool:
+        try:
+            from mlflow.entities import Metric
+
+            if self._client is None:
+                self._client = _client(self.uri)
+            self._client.log_batch(self.run_id, metrics=[Metric(*point) for point in batch])
         except Exception as e:  # an unreachable server shows up as several exception types
             if self._failing_since is None:
                 self._failing_since = time.monotonic()
