@@ -357,7 +357,10 @@ class MetricSender:
         return len(left)
 
     def _send_loop(self) -> None:
-        self._connect()  # before the first metric arrives, off the training loop's path
+        try:
+            self._ready_client()  # import MLflow before the first metric arrives, off the training loop's path
+        except Exception:
+            pass  # _send tries again, and says what is wrong
         while True:
             # Sleep until there is something to send, or until the next retry while failing.
             self._wake.wait(self.retry_seconds if self._failing_since is not None else None)
@@ -373,19 +376,16 @@ class MetricSender:
             if self._closing and not self.pending():
                 return
 
-    def _connect(self) -> None:
-        try:
+    def _ready_client(self):
+        if self._client is None:
             self._client = _client(self.uri)
-        except Exception:  # _send tries again, and says what is wrong
-            self._client = None
+        return self._client
 
     def _send(self, batch: list[_Point]) -> bool:
         try:
             from mlflow.entities import Metric
 
-            if self._client is None:
-                self._client = _client(self.uri)
-            self._client.log_batch(self.run_id, metrics=[Metric(*point) for point in batch])
+            self._ready_client().log_batch(self.run_id, metrics=[Metric(*point) for point in batch])
         except Exception as e:  # an unreachable server shows up as several exception types
             if self._failing_since is None:
                 self._failing_since = time.monotonic()
