@@ -8,8 +8,13 @@
 # while PyTorch 2.x headers need C++17. We take the PyPI sdist, set CMAKE_CXX_STANDARD to 17
 # in the two CMakeLists.txt that pin it, and build a wheel with PyTorch + Gloo (plus NCCL GPU
 # operations when torch is a CUDA build and nvcc is present). The wheel is cached under
-# $TRANSIENTVOD_CACHE (default ~/.cache/transientvod), keyed by the torch build and Python,
-# so the build (minutes) happens once per machine; later installs take seconds.
+# $TRANSIENTVOD_CACHE (default ~/.cache/transientvod), keyed by the torch build, Python and
+# our patch, so the build (minutes) happens once per machine; later installs take seconds.
+#
+# launch/horovod-0.28.1-transient.patch makes Horovod hold on a real network (see its comments):
+# process sets use HOROVOD_GLOO_IFACE (else Gloo resolves the hostname, often to loopback, and
+# the ring cannot form); HOROVOD_GLOO_OP_TIMEOUT_SECONDS bounds collectives apart from the
+# rendezvous; and horovodrun's ssh sends keepalives, so a vanished host is noticed in seconds.
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
@@ -23,9 +28,16 @@ command -v "$PYTHON" >/dev/null || die "no Python at '$PYTHON'; set PYTHON to yo
 "$PYTHON" -c "import torch" 2>/dev/null \
   || die "PyTorch is not installed for $PYTHON; install torch first (pip install torch==2.13.0)."
 
+PATCH="$(cd "$(dirname "$0")" && pwd)/horovod-${HOROVOD_VERSION}-transient.patch"
+[ -f "$PATCH" ] || die "the patch $PATCH is missing; restore it from the repository."
+PATCH_ID=$(sha256sum "$PATCH" | cut -c1-8)
+# The build carries the patch in its version, so an older or unpatched Horovod is replaced.
+BUILD_VERSION="${HOROVOD_VERSION}+transientvod.${PATCH_ID}"
+
 check_build() {
-  # horovodrun --check-build lists frameworks and controllers with [X] when built in.
+  # Our patched build, and horovodrun --check-build lists PyTorch and Gloo with [X].
   local bin out
+  [ "$("$PYTHON" -c 'import horovod; print(horovod.__version__)' 2>/dev/null)" = "$BUILD_VERSION" ] || return 1
   bin="$(dirname "$("$PYTHON" -c 'import sys; print(sys.executable)')")/horovodrun"
   [ -x "$bin" ] || return 1
   out=$("$bin" --check-build 2>/dev/null) || return 1
@@ -33,7 +45,7 @@ check_build() {
 }
 
 if check_build; then
-  say "Horovod with PyTorch and Gloo is already installed."
+  say "Horovod $BUILD_VERSION with PyTorch and Gloo is already installed."
   exit 0
 fi
 
@@ -45,11 +57,12 @@ GPU_OPS=""
 if [ "$TORCH_CUDA" != "cpu" ] && command -v nvcc >/dev/null; then
   GPU_OPS=NCCL
 fi
-KEY="horovod-${HOROVOD_VERSION}_torch-${TORCH_VERSION}_cuda-${TORCH_CUDA}_${PY_TAG}${GPU_OPS:+_nccl}"
+KEY="horovod-${HOROVOD_VERSION}_torch-${TORCH_VERSION}_cuda-${TORCH_CUDA}_${PY_TAG}${GPU_OPS:+_nccl}_patch-${PATCH_ID}"
 WHEEL_DIR="$CACHE/wheels/$KEY"
 
 if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
   # Check what the build needs before spending minutes on it.
+  command -v patch >/dev/null || die "patch is missing; install it (apt-get install patch)."
   command -v cmake >/dev/null || die "cmake is missing; install it (apt-get install cmake, or pip install cmake)."
   command -v g++ >/dev/null || command -v c++ >/dev/null \
     || die "no C++ compiler; install g++ (apt-get install g++)."
@@ -69,6 +82,9 @@ PY
     "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"
   grep -q 'CMAKE_CXX_STANDARD 14' "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt" \
     && die "the C++17 patch did not apply; the sdist layout changed."
+  patch --quiet -p1 -d "$SRC" <"$PATCH" || die "$PATCH did not apply to the horovod $HOROVOD_VERSION sdist."
+  sed -i "s/^__version__ = '$HOROVOD_VERSION'/__version__ = '$BUILD_VERSION'/" "$SRC/horovod/__init__.py"
+  grep -q "__version__ = '$BUILD_VERSION'" "$SRC/horovod/__init__.py" || die "could not set the build's version."
 
   # Horovod's setup.py imports these at build time; --no-build-isolation means we provide them.
   "$PYTHON" -m pip install --quiet "setuptools<81" wheel packaging psutil pyyaml cloudpickle cffi
@@ -114,4 +130,4 @@ fi
 "$PYTHON" -m pip install --quiet cloudpickle psutil pyyaml packaging
 "$PYTHON" -m pip install --quiet --force-reinstall --no-deps "$WHEEL_DIR"/horovod-*.whl
 check_build || die "Horovod installed but 'horovodrun --check-build' does not show PyTorch and Gloo; see $CACHE/horovod-build.log."
-say "Horovod $HOROVOD_VERSION is installed with PyTorch and Gloo."
+say "Horovod $BUILD_VERSION is installed with PyTorch and Gloo."
