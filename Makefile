@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.transientvod-installed
 PYTEST_ARGS ?=
 
-.PHONY: install browser demo test clean
+.PHONY: install browser testbed-tools demo test clean
 
 install: $(STAMP)
 
@@ -34,7 +34,18 @@ browser:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "make: chromium is not installed and apt-get needs root: the MLflow UI test will be skipped"; fi; }
 
-test: install browser
+# Debian's sshd (and iproute2) for the testbed: namespaced hosts that horovodrun reaches over
+# SSH (as root with apt-get only: elsewhere the testbed tests are skipped and say why).
+# Installed only, never started: each testbed host runs its own sshd on its own address.
+testbed-tools:
+	@test -x /usr/sbin/sshd && command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "make: installing Debian's openssh-server and iproute2 (for the testbed's hosts)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      openssh-server openssh-client iproute2 >/dev/null; \
+	  else echo "make: sshd or iproute2 is missing and apt-get needs root: the testbed tests will be skipped"; fi; }
+
+test: install browser testbed-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:

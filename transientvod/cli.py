@@ -13,6 +13,9 @@
                                           the best clusters for a budget or deadline, and why
     transientvod fleet --job-tag JOB --instance-types T1,T2 --target N --image-id AMI --price T1=0.9 ...
                                           keep N spot instances alive within a budget, then terminate them
+    transientvod testbed up --hosts N [--bandwidth 100mbit] | down | status | vanish HOST | kill HOST
+                         | restore HOST | exec -- COMMAND
+                                          a real cluster on this machine (root): namespaced hosts with sshd
 
 With `spot.provider` set (trace or aws), `train` starts the watcher itself and uses
 launch/spot_hosts.py as the discovery script; `watch` is for running the watcher apart (for
@@ -195,6 +198,34 @@ def cmd_plan(args) -> int:
     return run_plan(args)
 
 
+def cmd_testbed(args) -> int:
+    from transientvod.testbed import cluster
+
+    if args.action == "up":
+        layout = cluster.up(args.name, args.hosts, args.bandwidth).layout
+        print(f"testbed {layout.name}: head {layout.head.name} ({layout.head.address}), hosts "
+              + ", ".join(f"{h.name} ({h.address})" for h in layout.hosts)
+              + (f"; each host's egress shaped to {layout.bandwidth}" if layout.bandwidth else "; links unshaped")
+              + f". Run commands on the head with: transientvod testbed exec --name {layout.name} -- COMMAND")
+    elif args.action == "down":
+        cluster.down(args.name)
+        print(f"testbed {args.name}: removed")
+    elif args.action == "status":
+        rows = cluster.status(args.name)
+        columns = ("host", "address", "condition", "link", "sshd", "shaping")
+        widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
+        for row in [dict(zip(columns, columns))] + rows:
+            print("  ".join(str(row[c]).ljust(widths[c]) for c in columns).rstrip())
+    elif args.action == "exec":
+        command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        return cluster.exec_on_head(args.name, command)
+    else:  # vanish, kill, restore
+        getattr(cluster, args.action)(args.name, args.host)
+        done = {"vanish": "vanished", "kill": "killed", "restore": "restored"}[args.action]
+        print(f"testbed {args.name}: {args.host} {done}")
+    return 0
+
+
 def add_workload_arguments(parser) -> None:
     parser.add_argument("--steps", type=int, default=64000, help="training steps of the job (default: the study's 64K)")
     parser.add_argument("--speed", action="append", default=[], metavar="GPU=STEPS_PER_S",
@@ -281,6 +312,23 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_argument("--poll-seconds", type=float, default=30.0)
     fleet.add_argument("--dry-run", action="store_true", help="print what it would do; change nothing")
     fleet.set_defaults(func=cmd_fleet)
+    testbed = sub.add_parser("testbed", help="a real cluster on this machine: namespaced hosts with sshd (root)")
+    actions = testbed.add_subparsers(dest="action", required=True)
+    helps = {"up": "make the head and N hosts", "down": "remove all the testbed made",
+             "status": "hosts, addresses, link, sshd and shaping", "vanish": "the host disappears from the network",
+             "kill": "the host's processes are killed", "restore": "a replacement server comes back",
+             "exec": "run a command on the head (after --)"}
+    for action, text in helps.items():
+        verb = actions.add_parser(action, help=text)
+        verb.add_argument("--name", default="tvd", help="the testbed's name, the prefix of its hosts (default: tvd)")
+        if action == "up":
+            verb.add_argument("--hosts", type=int, default=3, help="how many hosts (2..64)")
+            verb.add_argument("--bandwidth", default="", help="each host's egress rate, for example 100mbit")
+        elif action in ("vanish", "kill", "restore"):
+            verb.add_argument("host", help="a host of the testbed, for example tvd-h2")
+        elif action == "exec":
+            verb.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    testbed.set_defaults(func=cmd_testbed)
     return parser
 
 
@@ -299,9 +347,10 @@ def main(argv: list[str] | None = None) -> int:
         from transientvod.data import DataError
         from transientvod.planner.study_data import PlanError
         from transientvod.spot.provider import ProviderError
+        from transientvod.testbed import TestbedError
         from transientvod.tracking import TrackingError
         if isinstance(e, (DataError, CheckpointError, ProviderError, CompareError, PriceError, TrackingError,
-                          PlanError)):
+                          PlanError, TestbedError)):
             print(f"transientvod: {e}", file=sys.stderr)
             return 2
         raise

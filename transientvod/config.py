@@ -103,6 +103,10 @@ class ClusterConfig:
     # Horovod finds the network interface common to the hosts by probing at least two of them;
     # name it (eth0, ens5, lo for one machine) to start a job while only one host is up.
     network_interface: str = ""
+    # Seconds before a host whose worker failed may rejoin: Horovod blacklists it, then lets it
+    # back after 2-3x this, doubling with each failure, up to HOST_COOLDOWN_MAX. A cloud often
+    # brings a replacement server back under the same name (GCE's managed groups do). 0: never.
+    host_cooldown: int = 5
 
 
 @dataclass
@@ -308,6 +312,7 @@ def validate(config: Config, source: str = "config") -> None:
         "train.threads_per_worker": config.train.threads_per_worker,
         "cluster.np": config.cluster.np,
         "cluster.reset_limit": config.cluster.reset_limit,
+        "cluster.host_cooldown": config.cluster.host_cooldown,
         "exchange.staleness": config.exchange.staleness,
         "exchange.min_compress_elements": config.exchange.min_compress_elements,
         "spot.start_at": config.spot.start_at,
@@ -323,6 +328,9 @@ def validate(config: Config, source: str = "config") -> None:
     c = config.cluster
     if c.min_np > c.max_np:
         fail("cluster.min_np", f"is {c.min_np}, more than cluster.max_np ({c.max_np}); lower min_np or raise max_np.")
+    if c.host_cooldown > 600:
+        fail("cluster.host_cooldown", f"is {c.host_cooldown}; it must be 0 (a failed host never rejoins) or at most "
+             "600 seconds.")
     if c.np and not c.min_np <= c.np <= c.max_np:
         fail("cluster.np", f"is {c.np}; it must lie between cluster.min_np ({c.min_np}) and cluster.max_np ({c.max_np}).")
 

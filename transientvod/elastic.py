@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import time
 
@@ -25,6 +26,31 @@ from horovod.common.exceptions import HostsUpdatedInterrupt
 from horovod.torch.elastic import ElasticSampler, TorchState
 
 log = logging.getLogger(__name__)
+
+# How long one collective may wait on a silent peer before the survivors treat it as lost.
+# A server that vanishes (revoked, its link gone) sends no FIN or RST: without this bound the
+# survivors wait out Gloo's 30 s. It is our Horovod build's HOROVOD_GLOO_OP_TIMEOUT_SECONDS
+# (launch/horovod-0.28.1-transient.patch), which leaves the rendezvous, where a new worker may
+# still be starting, at HOROVOD_GLOO_TIMEOUT_SECONDS. Gloo ring-allreduces in segments of at
+# most 1 MB, so a healthy ring never waits this long, but a broadcast sends each tensor whole:
+# raise it (set the variable) if your largest tensor takes longer than this on your links.
+COLLECTIVE_TIMEOUT_SECONDS = 5
+
+
+def bound_collective_waits() -> None:
+    """Call before hvd.init(): the collective timeout above, unless the user set one."""
+    os.environ.setdefault("HOROVOD_GLOO_OP_TIMEOUT_SECONDS", str(COLLECTIVE_TIMEOUT_SECONDS))
+
+
+def network_address() -> str:
+    """The IPv4 address of the interface Gloo uses (HOROVOD_GLOO_IFACE), for the job's logs."""
+    import psutil  # Horovod's own dependency
+
+    iface = os.environ.get("HOROVOD_GLOO_IFACE", "")
+    for address in psutil.net_if_addrs().get(iface, []):
+        if address.family.name == "AF_INET":
+            return address.address
+    return "?"
 
 
 class ShardSampler(ElasticSampler):

@@ -22,6 +22,7 @@ from pathlib import Path
 from transientvod.config import Config, write_resolved
 
 HOST_LINE = re.compile(r"^[^\s:]+:\d+$")
+HOST_COOLDOWN_MAX = 600  # seconds: the longest a failed host is kept out (cluster.host_cooldown)
 
 
 class LaunchError(RuntimeError):
@@ -79,6 +80,8 @@ def horovodrun_command(config: Config, config_path: Path, discovery: str) -> lis
         argv += ["--network-interface", c.network_interface]
     if c.reset_limit:
         argv += ["--reset-limit", str(c.reset_limit)]
+    if c.host_cooldown:
+        argv += ["--blacklist-cooldown-range", str(c.host_cooldown), str(max(c.host_cooldown, HOST_COOLDOWN_MAX))]
     return argv + [sys.executable, "-m", "transientvod.train", "--config", str(config_path)]
 
 

@@ -39,7 +39,8 @@ from transientvod.checkpoint import open_store
 from transientvod.config import Config, ConfigError, load_config, to_yaml
 from transientvod.cost import PriceError
 from transientvod.data import DataError, Dataset, load_dataset
-from transientvod.elastic import LearningRateRule, ShardSampler, TransientState
+from transientvod.elastic import (LearningRateRule, ShardSampler, TransientState, bound_collective_waits,
+                                  network_address)
 from transientvod.exchange import GradientExchange
 from transientvod.models import build_model
 from transientvod.tracking import TrackingError
@@ -146,6 +147,7 @@ def evaluate(model: torch.nn.Module, data: Dataset, device: torch.device) -> flo
 
 def train(config: Config) -> None:
     # -- phase 1: set up ------------------------------------------------------------------
+    bound_collective_waits()  # a vanished peer costs seconds, not Gloo's 30 s
     hvd.init()
     device = pick_device(config)
     torch.manual_seed(config.train.seed)
@@ -186,6 +188,9 @@ def train(config: Config) -> None:
 
     watcher = start_notice_watcher(config)
     straggle = benchmark_delay()
+    address = network_address()
+    log.info("rank %d of %d on %s (%s via %s)", hvd.rank(), hvd.size(), os.environ.get("HOROVOD_HOSTNAME", "?"),
+             address, os.environ.get("HOROVOD_GLOO_IFACE", "?"))
 
     # -- phase 2: train, elastically --------------------------------------------------------
     @hvd.elastic.run
@@ -194,7 +199,8 @@ def train(config: Config) -> None:
         # Here after every (re)start and sync: all ranks hold the same parameters.
         record.append("events.jsonl", {"event": "synced", "rank": hvd.rank(), "size": hvd.size(),
                                        "step": state.step, "checksum": parameter_checksum(state.model),
-                                       "lr": state.current_lr(), "pid": os.getpid(), "time": time.time()})
+                                       "lr": state.current_lr(), "pid": os.getpid(), "time": time.time(),
+                                       "host": os.environ.get("HOROVOD_HOSTNAME", ""), "address": address})
         books.after_sync(state)  # the bill follows the hosts now in the ring
         last_log = time.monotonic()
         samples_since_log = 0

@@ -1,0 +1,117 @@
+"""Namespaces, veth pairs, the switch, link state and shaping: thin wrappers over `ip` and `tc`.
+
+Each veth pair is created with its ends already in their namespaces (the machine's `eth0`
+and the switch port), so nothing ever appears in this machine's own namespace.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+from transientvod.testbed import TestbedError
+from transientvod.testbed.layout import INTERFACE, Layout, Machine, tbf_burst_bytes
+
+BRIDGE = "br0"
+TBF_LATENCY = "50ms"  # how long a packet may wait in the bucket before tbf drops it
+
+
+def run(argv: list[str], what: str) -> str:
+    """Run a command; on failure, one sentence saying what could not be done and why."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        raise TestbedError(f"{argv[0]} is not installed; the testbed needs iproute2 (ip, tc) and util-linux.") from None
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise TestbedError(f"could not {what}: {why}")
+    return done.stdout
+
+
+def namespace_exists(name: str) -> bool:
+    return os.path.exists(f"/run/netns/{name}")
+
+
+def make_switch(layout: Layout) -> None:
+    switch = layout.switch
+    run(["ip", "netns", "add", switch], f"create the network namespace {switch}")
+    run(["ip", "-n", switch, "link", "add", BRIDGE, "type", "bridge"], "create the switch's bridge")
+    run(["ip", "-n", switch, "link", "set", BRIDGE, "up"], "bring the switch's bridge up")
+
+
+def make_machine(layout: Layout, machine: Machine) -> None:
+    """A namespace with loopback and eth0, plugged into the switch."""
+    ns = machine.name
+    run(["ip", "netns", "add", ns], f"create the network namespace {ns}")
+    run(["ip", "-n", ns, "link", "set", "lo", "up"], f"bring up loopback in {ns}")
+    run(["ip", "link", "add", INTERFACE, "netns", ns, "type", "veth", "peer", "name", machine.name,
+         "netns", layout.switch], f"create the link of {ns}")
+    run(["ip", "-n", layout.switch, "link", "set", machine.name, "master", BRIDGE, "up"],
+        f"plug {ns} into the switch")
+    run(["ip", "-n", ns, "addr", "add", f"{machine.address}/24", "dev", INTERFACE], f"give {ns} its address")
+    set_link(machine.name, up=True)
+
+
+def set_link(namespace: str, up: bool) -> None:
+    run(["ip", "-n", namespace, "link", "set", INTERFACE, "up" if up else "down"],
+        f"set the link of {namespace} {'up' if up else 'down'}")
+
+
+def link_is_up(namespace: str) -> bool:
+    out = run(["ip", "-n", namespace, "-o", "link", "show", INTERFACE], f"read the link of {namespace}")
+    return "state UP" in out or ",UP" in out.split(">")[0]
+
+
+def shape(namespace: str, rate: str) -> None:
+    """Limit the machine's egress to `rate` with a token bucket (tbf)."""
+    run(["tc", "-n", namespace, "qdisc", "replace", "dev", INTERFACE, "root", "tbf", "rate", rate,
+         "burst", str(tbf_burst_bytes(rate)), "latency", TBF_LATENCY],
+        f"shape {namespace} to {rate} (tc rejected it; give a rate such as 100mbit or 1gbit)")
+
+
+def shaping(namespace: str) -> str:
+    out = run(["tc", "-n", namespace, "qdisc", "show", "dev", INTERFACE], f"read the shaping of {namespace}")
+    for line in out.splitlines():
+        if " tbf " in f" {line} ":
+            return line.split(" rate ", 1)[1].split()[0] if " rate " in line else "tbf"
+    return "none"
+
+
+def pids(namespace: str) -> list[int]:
+    if not namespace_exists(namespace):
+        return []
+    out = run(["ip", "netns", "pids", namespace], f"list the processes of {namespace}")
+    return [int(p) for p in out.split()]
+
+
+def signal_all(namespace: str, signum: int) -> int:
+    """Send `signum` to every process in the namespace, again until no new one appears
+    (a process may fork while we go through the list). Returns how many were signalled."""
+    done: set[int] = set()
+    for _ in range(20):
+        new = [p for p in pids(namespace) if p not in done]
+        if not new:
+            break
+        for pid in new:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+            done.add(pid)
+    return len(done)
+
+
+def kill_all(namespace: str, wait_seconds: float = 5.0) -> None:
+    """SIGKILL every process in the namespace and wait until they are gone."""
+    deadline = time.monotonic() + wait_seconds
+    while pids(namespace) and time.monotonic() < deadline:
+        signal_all(namespace, signal.SIGKILL)
+        time.sleep(0.05)
+
+
+def delete_namespace(namespace: str) -> None:
+    """Remove a namespace (its veth ends go with it); nothing if it does not exist."""
+    if namespace_exists(namespace):
+        kill_all(namespace)
+        run(["ip", "netns", "delete", namespace], f"delete the network namespace {namespace}")
