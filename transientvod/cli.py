@@ -36,6 +36,7 @@ from pathlib import Path
 
 from transientvod.config import Config, ConfigError, load_config
 from transientvod.launcher import LaunchError, format_summary, run_job
+from transientvod.testbed import TestbedError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEMO_CONFIG = REPO_ROOT / "configs" / "demo.yaml"
@@ -337,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         return args.func(args)
-    except (ConfigError, LaunchError) as e:
+    except (ConfigError, LaunchError, TestbedError) as e:
         print(f"transientvod: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # data, checkpoint and provider errors are user-fixable too
@@ -347,10 +348,9 @@ def main(argv: list[str] | None = None) -> int:
         from transientvod.data import DataError
         from transientvod.planner.study_data import PlanError
         from transientvod.spot.provider import ProviderError
-        from transientvod.testbed import TestbedError
         from transientvod.tracking import TrackingError
         if isinstance(e, (DataError, CheckpointError, ProviderError, CompareError, PriceError, TrackingError,
-                          PlanError, TestbedError)):
+                          PlanError)):
             print(f"transientvod: {e}", file=sys.stderr)
             return 2
         raise

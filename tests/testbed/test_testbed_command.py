@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from testbed_support import head_run, leftovers, require_testbed, testbed_name
+from testbed_support import head_run, leftovers, require_testbed, new_testbed_name
 
 from transientvod.testbed import TestbedError, cluster
 from transientvod.testbed.layout import plan
@@ -17,7 +17,7 @@ from transientvod.testbed.record import load_record
 pytestmark = require_testbed()
 
 
-def testbed_cli(*args: str) -> subprocess.CompletedProcess:
+def run_testbed_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "transientvod.cli", "testbed", *args],
                           capture_output=True, text=True, timeout=120)
 
@@ -39,8 +39,8 @@ def one_sentence(done: subprocess.CompletedProcess) -> str:
     (["vanish", "tvd-h1"], "is up; start one with"),
 ])
 def test_bad_input_is_one_sentence(args, says):
-    name = testbed_name()
-    line = one_sentence(testbed_cli(*args, "--name", name))
+    name = new_testbed_name()
+    line = one_sentence(run_testbed_cli(*args, "--name", name))
     assert says in line
     assert leftovers(name) == []
 
@@ -48,25 +48,25 @@ def test_bad_input_is_one_sentence(args, says):
 def test_a_rate_tc_rejects_is_one_sentence_and_nothing_is_left():
     # Well formed, but beyond what tc's 32-bit rate table takes: tc itself says no, after
     # namespaces were already made; up must undo them.
-    name = testbed_name()
-    line = one_sentence(testbed_cli("up", "--name", name, "--hosts", "2", "--bandwidth", "99999tbit"))
+    name = new_testbed_name()
+    line = one_sentence(run_testbed_cli("up", "--name", name, "--hosts", "2", "--bandwidth", "99999tbit"))
     assert "could not shape" in line and "give a rate such as 100mbit" in line
     assert load_record(name) is None
     assert leftovers(name) == []
 
 
 def test_up_status_vanish_restore_kill_down(tmp_path):
-    name = testbed_name()
-    done = testbed_cli("up", "--name", name, "--hosts", "3", "--bandwidth", "50mbit")
+    name = new_testbed_name()
+    done = run_testbed_cli("up", "--name", name, "--hosts", "3", "--bandwidth", "50mbit")
     assert done.returncode == 0, done.stderr
     try:
         layout = load_record(name).layout
         h1, h2, h3 = layout.hosts
         assert f"{h2.name} ({h2.address})" in done.stdout
 
-        again = one_sentence(testbed_cli("up", "--name", name, "--hosts", "2"))
+        again = one_sentence(run_testbed_cli("up", "--name", name, "--hosts", "2"))
         assert f"a testbed named {name!r} is already up (3 hosts)" in again
-        unknown = one_sentence(testbed_cli("vanish", "--name", name, f"{name}-h9"))
+        unknown = one_sentence(run_testbed_cli("vanish", "--name", name, f"{name}-h9"))
         assert f"there is no host '{name}-h9'" in unknown and h1.name in unknown
 
         # Each host: its own hostname, its hosts file mapping that name to 127.0.1.1 (Debian's
@@ -75,12 +75,12 @@ def test_up_status_vanish_restore_kill_down(tmp_path):
         assert out.returncode == 0, out.stderr
         assert out.stdout.split() == [h2.name, "127.0.1.1", h2.name, h3.address, h3.name]
 
-        status = testbed_cli("status", "--name", name)
+        status = run_testbed_cli("status", "--name", name)
         assert status.returncode == 0, status.stderr
         rows = {line.split()[0]: line.split() for line in status.stdout.splitlines()[1:]}
         assert rows[h2.name] == [h2.name, h2.address, "up", "up", "running", "50Mbit"]
 
-        testbed_cli("vanish", "--name", name, h2.name).check_returncode()
+        run_testbed_cli("vanish", "--name", name, h2.name).check_returncode()
         row = {r["host"]: r for r in cluster.status(name)}[h2.name]
         assert (row["condition"], row["link"], row["sshd"]) == ("vanished", "down", "stopped")
         started = time.monotonic()
@@ -89,25 +89,25 @@ def test_up_status_vanish_restore_kill_down(tmp_path):
         assert time.monotonic() - started >= 1.5, "a vanished host refused at once instead of never answering"
         assert head_run(name, ["ssh", h3.name, "true"]).returncode == 0, "the other hosts must stay reachable"
 
-        testbed_cli("restore", "--name", name, h2.name).check_returncode()
+        run_testbed_cli("restore", "--name", name, h2.name).check_returncode()
         row = {r["host"]: r for r in cluster.status(name)}[h2.name]
         assert (row["condition"], row["link"], row["sshd"], row["shaping"]) == ("up", "up", "running", "50Mbit")
         assert head_run(name, ["ssh", h2.name, "hostname"]).stdout.strip() == h2.name
 
-        testbed_cli("kill", "--name", name, h3.name).check_returncode()
+        run_testbed_cli("kill", "--name", name, h3.name).check_returncode()
         row = {r["host"]: r for r in cluster.status(name)}[h3.name]
         assert (row["condition"], row["link"], row["sshd"]) == ("killed", "up", "gone")
         refused = head_run(name, ["ssh", "-o", "ConnectTimeout=5", h3.name, "true"])
         assert refused.returncode == 255 and "refused" in refused.stderr, refused.stderr
     finally:
-        down = testbed_cli("down", "--name", name)
+        down = run_testbed_cli("down", "--name", name)
     assert down.returncode == 0, down.stderr
     assert leftovers(name) == []
 
 
 def test_shaped_link_limits_a_transfer():
     # 1.25 MB at 10 Mbit/s takes 1 s; unshaped, the same transfer takes milliseconds.
-    name = testbed_name()
+    name = new_testbed_name()
     cluster.up(name, 2, "10mbit")
     try:
         layout = load_record(name).layout
@@ -154,7 +154,7 @@ with socket.create_connection((sys.argv[1], 5999)) as conn:
 
 def test_down_after_a_crashed_up_removes_what_was_made(monkeypatch):
     # up dies after the switch and the first machines exist: the record already lists them.
-    name = testbed_name()
+    name = new_testbed_name()
     from transientvod.testbed import sshd
 
     def crash(directory):
@@ -168,14 +168,14 @@ def test_down_after_a_crashed_up_removes_what_was_made(monkeypatch):
 
 def test_down_removes_what_a_killed_up_left(tmp_path):
     # The whole process is SIGKILLed mid-up: nothing can undo itself, so down must.
-    name = testbed_name()
+    name = new_testbed_name()
     script = (f"import os, signal\nfrom transientvod.testbed import cluster, sshd\n"
               f"sshd.make_keys = lambda d: os.kill(os.getpid(), signal.SIGKILL)\n"
               f"cluster.up({name!r}, 3)\n")
     subprocess.run([sys.executable, "-c", script], timeout=60)
     assert leftovers(name), "the killed up left nothing: this test no longer tests anything"
     assert load_record(name) is not None
-    testbed_cli("down", "--name", name).check_returncode()
+    run_testbed_cli("down", "--name", name).check_returncode()
     assert leftovers(name) == []
 
 

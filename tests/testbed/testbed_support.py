@@ -24,7 +24,7 @@ def require_testbed():
     return pytest.mark.testbed
 
 
-def testbed_name() -> str:
+def new_testbed_name() -> str:
     """Unique within this test run, and short (host names become interface names)."""
     return f"t{os.getpid() % 10000:04d}{next(_names):02d}"
 
@@ -67,7 +67,7 @@ def testbed_factory():
     made = []
 
     def make(hosts: int, bandwidth: str = ""):
-        name = testbed_name()
+        name = new_testbed_name()
         made.append(name)
         return cluster.up(name, hosts, bandwidth)
 

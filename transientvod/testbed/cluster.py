@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 from transientvod.testbed import TestbedError, network, sshd
@@ -156,4 +157,5 @@ def exec_on_head(name: str, argv: list[str]) -> int:
 
 def _set_condition(record: Record, host: str, condition: str) -> None:
     record.host_condition[host] = condition
+    record.host_changed_at[host] = time.time()
     record.save()

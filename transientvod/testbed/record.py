@@ -32,6 +32,7 @@ class Record:
     netns_dirs: list[str]  # /etc/netns/<namespace> directories (hosts files, the head's ssh config)
     made_privsep_dir: bool = False  # /run/sshd, which sshd needs; removed only if we made it
     host_condition: dict[str, str] = field(default_factory=dict)  # host -> up | vanished | killed
+    host_changed_at: dict[str, float] = field(default_factory=dict)  # host -> unix time of its last change
     complete: bool = False  # up finished
 
     @property
@@ -41,6 +42,16 @@ class Record:
     @property
     def layout(self) -> Layout:
         return Layout(self.name, tuple(Machine(**m) for m in self.machines), self.bandwidth)
+
+    def listed_hosts(self, now: float, lag_seconds: float = 0.0) -> list[str]:
+        """The hosts a cloud's API would list as running, `lag_seconds` behind the truth."""
+        listed = []
+        for host in self.layout.hosts:
+            condition = self.host_condition.get(host.name, "up")
+            recent = now - self.host_changed_at.get(host.name, 0.0) < lag_seconds
+            if (condition == "up") != recent:  # up, or gone so recently that the API still shows it
+                listed.append(host.name)
+        return listed
 
     def save(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)

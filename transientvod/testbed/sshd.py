@@ -111,12 +111,12 @@ def running_pid(directory: Path, host: Machine) -> int | None:
 
 
 def process_state(pid: int) -> str:
-    """'running', 'stopped' (SIGSTOP) or 'gone', from /proc."""
+    """'running', 'stopped' (SIGSTOP) or 'gone' (no process, or a killed one not yet reaped)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return "gone"
-    return "stopped" if fields[0] in ("T", "t") else "running"
+    return {"T": "stopped", "t": "stopped", "Z": "gone", "X": "gone"}.get(fields[0], "running")
 
 
 def stop(directory: Path, host: Machine) -> None:
