@@ -15,6 +15,9 @@ One loop with named phases: set up (data, model, optimizer, durable checkpoint),
 point survivors roll back to, and where hosts may join or leave) and writing a durable
 checkpoint every `checkpoint_every` steps. Rank 0 speaks for the job: it writes
 `metrics.jsonl`, `events.jsonl` and, at the end, `summary.json` in the run directory.
+
+Evaluation does not wait for one rank alone: every rank evaluates its slice of the test
+split (one allreduce of the counts).
 """
 from __future__ import annotations
 
@@ -132,16 +135,62 @@ class RunRecord:
             f.write(json.dumps(row) + "\n")
 
 
+def evaluation_slice(total: int, rank: int, size: int) -> slice:
+    """This rank's part of a split of `total` samples: contiguous, disjoint from every other
+    rank's, all of them together the whole split; sizes differ by at most one."""
+    return slice(total * rank // size, total * (rank + 1) // size)
+
+
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, data: Dataset, device: torch.device) -> float:
+def count_correct(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device,
+                  batch_size: int = 512) -> int:
+    """How many of `x` the model classifies as `y`, in eval mode (BatchNorm's running statistics)."""
+    was_training = model.training
     model.eval()
     correct = 0
-    for start in range(0, len(data.test_y), 512):
-        x = data.test_x[start:start + 512].to(device)
-        y = data.test_y[start:start + 512].to(device)
-        correct += (model(x).argmax(dim=1) == y).sum().item()
-    model.train()
-    return correct / len(data.test_y)
+    for start in range(0, len(y), batch_size):
+        predicted = model(x[start:start + batch_size].to(device)).argmax(dim=1)
+        correct += (predicted == y[start:start + batch_size].to(device)).sum().item()
+    model.train(was_training)
+    return correct
+
+
+def share_buffers(model: torch.nn.Module) -> None:
+    """Give every rank rank 0's buffers (BatchNorm's running statistics), one broadcast per dtype.
+
+    Training never averages them: each rank's follow its own batches, and eval mode uses them.
+    Without this, ranks evaluating slices would score different models. Rank 0's are the ones
+    the checkpoints keep, so the sharded accuracy is the accuracy of the checkpointed model
+    (PyTorch's DDP broadcasts rank 0's buffers the same way, at every forward). Training mode
+    does not read the running statistics, so this changes no rank's training.
+    """
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for buffer in model.buffers():
+        by_dtype.setdefault(buffer.dtype, []).append(buffer)
+    for dtype, buffers in sorted(by_dtype.items(), key=lambda item: str(item[0])):
+        flat = torch.cat([b.detach().reshape(-1).cpu() for b in buffers])
+        flat = hvd.broadcast(flat, root_rank=0, name=f"transientvod.eval.buffers.{str(dtype).split('.')[-1]}")
+        for buffer, part in zip(buffers, torch.split(flat, [b.numel() for b in buffers])):
+            buffer.copy_(part.view_as(buffer))
+
+
+def evaluate(model: torch.nn.Module, data: Dataset, device: torch.device) -> float:
+    """Test accuracy, with every rank scoring its slice of the test split.
+
+    A collective: every rank must call it at the same step. The counts travel in one
+    allreduce, so every rank returns the same accuracy, equal to one process scoring the
+    whole split with rank 0's model. A peer lost meanwhile raises HorovodInternalError, which
+    `hvd.elastic.run` recovers from like a failure in a training step.
+    """
+    with torch.no_grad():
+        share_buffers(model)
+    part = evaluation_slice(len(data.test_y), hvd.rank(), hvd.size())
+    correct = count_correct(model, data.test_x[part], data.test_y[part], device)
+    counted = part.stop - part.start
+    # float64 holds any count up to 2^53 exactly.
+    totals = hvd.allreduce(torch.tensor([correct, counted], dtype=torch.float64), op=hvd.Sum,
+                           name="transientvod.eval.counts")
+    return totals[0].item() / totals[1].item()
 
 
 def train(config: Config) -> None:
@@ -189,7 +238,7 @@ def train(config: Config) -> None:
 
     # -- phase 2: train, elastically --------------------------------------------------------
     @hvd.elastic.run
-    def run(state: TransientState) -> None:
+    def run(state: TransientState) -> float:
         notice_checkpointed = False
         # Here after every (re)start and sync: all ranks hold the same parameters.
         record.append("events.jsonl", {"event": "synced", "rank": hvd.rank(), "size": hvd.size(),
@@ -231,10 +280,12 @@ def train(config: Config) -> None:
                     log.info("step %d/%d loss %.4f lr %.4f workers %d", state.step, config.train.steps,
                              row["loss"], lr, hvd.size())
                     last_log, samples_since_log = now, 0
-                if config.train.eval_every and state.step % config.train.eval_every == 0 and hvd.rank() == 0:
-                    row = {"step": state.step, "test_accuracy": evaluate(state.model, data, device)}
-                    books.on_eval(state, row)
-                    record.append("metrics.jsonl", row)
+                if config.train.eval_every and state.step % config.train.eval_every == 0:
+                    accuracy = evaluate(state.model, data, device)  # every rank, its slice
+                    if hvd.rank() == 0:
+                        row = {"step": state.step, "test_accuracy": accuracy}
+                        books.on_eval(state, row)
+                        record.append("metrics.jsonl", row)
 
                 notice_now = watcher is not None and any_rank_wants_commit(state, watcher)
                 last_step = state.step == config.train.steps
@@ -256,14 +307,16 @@ def train(config: Config) -> None:
                 # The epoch ran out (on every rank at once: shards have equal length).
                 state.epoch += 1
                 state.sampler.set_epoch(state.epoch)
+        # The final accuracy, by every rank, inside the elastic run: a peer lost here rolls
+        # back to the last commit (the last step) and the survivors evaluate again.
+        return evaluate(state.model, data, device)
 
-    run(state)
+    accuracy = run(state)
     if watcher is not None:
         watcher.stop()
 
     # -- phase 3: report ------------------------------------------------------------------
     if hvd.rank() == 0:
-        accuracy = evaluate(state.model, data, device)
         summary = {
             "steps": state.step,
             "world_sizes_seen": state.world_sizes,
