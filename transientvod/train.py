@@ -16,8 +16,9 @@ point survivors roll back to, and where hosts may join or leave) and writing a d
 checkpoint every `checkpoint_every` steps. Rank 0 speaks for the job: it writes
 `metrics.jsonl`, `events.jsonl` and, at the end, `summary.json` in the run directory.
 
-Evaluation does not wait for one rank alone: every rank evaluates its slice of the test
-split (one allreduce of the counts).
+Nothing on the step path waits for one rank alone: every rank evaluates its slice of the
+test split (one allreduce of the counts); rank 0 only snapshots the state for a durable
+checkpoint, and a thread writes it (checkpoint_writer.py).
 """
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ from torch.utils.data import DataLoader, TensorDataset
 import horovod.torch as hvd
 
 from transientvod.accounting import JobAccounting
-from transientvod.checkpoint import open_store
+from transientvod.checkpoint import CheckpointError, open_store
+from transientvod.checkpoint_writer import BackgroundCheckpointWriter
 from transientvod.config import Config, ConfigError, load_config, to_yaml
 from transientvod.cost import PriceError
 from transientvod.data import DataError, Dataset, load_dataset
@@ -219,6 +221,8 @@ def train(config: Config) -> None:
     if exchange is not None:
         state.register_reset_callbacks([exchange.reset])
     store = open_store(config.checkpoint_dir, keep_last=config.checkpoint.keep_last)
+    # Rank 0 snapshots the state at a durable step; a thread writes it while the ring trains on.
+    checkpoint_writer = BackgroundCheckpointWriter(store)
     record = RunRecord(config.run_dir)
     config_yaml = to_yaml(config)
     books = JobAccounting(config)
@@ -299,7 +303,7 @@ def train(config: Config) -> None:
                                      "committing every step until the host has left", state.step)
                     if durable and hvd.rank() == 0:
                         books.before_checkpoint(state)
-                        store.save(state.step, state.checkpoint_payload(), config_yaml)
+                        checkpoint_writer.submit(state.step, state.checkpoint_payload(), config_yaml)
                     state.commit()  # may raise HostsUpdatedInterrupt: the state is saved first
                 if state.step >= config.train.steps:
                     break
@@ -314,6 +318,9 @@ def train(config: Config) -> None:
     accuracy = run(state)
     if watcher is not None:
         watcher.stop()
+    # Every process, not only today's rank 0: a process that was rank 0 before a reset may
+    # still be writing. A write that failed raises its CheckpointError here.
+    checkpoint_writer.wait()
 
     # -- phase 3: report ------------------------------------------------------------------
     if hvd.rank() == 0:
@@ -341,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         train(load_config(args.config))
-    except (ConfigError, DataError, PriceError, TrackingError) as e:
+    except (CheckpointError, ConfigError, DataError, PriceError, TrackingError) as e:
         log.error("%s", e)
         return 2
     return 0
