@@ -1,10 +1,15 @@
 """Run by tests/test_train_step.py under `horovodrun -np N`: prints one JSON line per rank.
 
     horovodrun -np 2 -H localhost:2 --gloo python tests/step_probe.py evaluate
+    horovodrun -np 2 -H localhost:2 --gloo python tests/step_probe.py vote
 
 evaluate: every rank holds the same parameters but its own BatchNorm running statistics (as
 after training, where only gradients are averaged); the sharded `evaluate` must score exactly
 what one process scores over the whole test split with rank 0's model.
+
+vote: the last rank wants a commit at step 5 only; every rank must hear of it at step 6, and
+a reset in between (the handle dropped, as Horovod's reset callbacks do) must not leave a
+stale answer behind.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ import horovod.torch as hvd
 from transientvod.config import ModelConfig
 from transientvod.data import load_digits_dataset
 from transientvod.models import build_model
-from transientvod.train import count_correct, evaluate
+from transientvod.train import CommitVote, count_correct, evaluate
 
 
 def buffers_checksum(model: torch.nn.Module) -> int:
@@ -52,10 +57,25 @@ def check_evaluate() -> dict:
     return row
 
 
+def check_vote() -> dict:
+    vote = CommitVote()
+    last = hvd.size() - 1
+    answers = [vote.exchange(hvd.rank() == last and step == 5, step) for step in range(1, 11)]
+    vote.finish()
+    # A vote in flight when the job resets is dropped, not read on the new ring. (A real
+    # reset shuts Horovod down, which ends the dropped op; here it completes unread, so the
+    # steps after the 'reset' are named apart from it.)
+    vote.exchange(True, 11)
+    vote.reset()
+    after_reset = [vote.exchange(False, step) for step in (21, 22)]
+    vote.finish()
+    return {"rank": hvd.rank(), "answers": answers, "after_reset": after_reset}
+
+
 def main() -> None:
     hvd.init()
     torch.set_num_threads(1)
-    check = {"evaluate": check_evaluate}[sys.argv[1]]
+    check = {"evaluate": check_evaluate, "vote": check_vote}[sys.argv[1]]
     print(json.dumps(check()), flush=True)
 
 

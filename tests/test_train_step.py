@@ -78,3 +78,14 @@ def test_job_accuracy_is_its_last_checkpoint_scored_by_one_process(job):
     assert summary["test_accuracy"] == whole_split
     assert evals[-2]["test_accuracy"] == evals[-1]["test_accuracy"] == whole_split
 
+
+# -- the notice vote ----------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_commit_wanted_by_one_rank_is_heard_by_every_rank_one_step_later():
+    rows = run_probe("step_probe.py", 2, "vote")
+    assert len(rows) == 2
+    for row in rows:
+        expected = [step == 6 for step in range(1, 11)]  # wanted by the last rank at step 5 only
+        assert row["answers"] == expected, row
+        assert row["after_reset"] == [False, False], row

@@ -18,7 +18,8 @@ checkpoint every `checkpoint_every` steps. Rank 0 speaks for the job: it writes
 
 Nothing on the step path waits for one rank alone: every rank evaluates its slice of the
 test split (one allreduce of the counts); rank 0 only snapshots the state for a durable
-checkpoint, and a thread writes it (checkpoint_writer.py).
+checkpoint, and a thread writes it (checkpoint_writer.py); the notice vote is an async
+allreduce read one step later (`CommitVote`).
 """
 from __future__ import annotations
 
@@ -86,16 +87,48 @@ def start_notice_watcher(config: Config):
     return NoticeWatcher(source, poll_seconds=config.notices.poll_seconds).start()
 
 
-def any_rank_wants_commit(state: TransientState, watcher) -> bool:
-    """True on every rank if any rank has an interruption notice or a pending host update.
+class CommitVote:
+    """"Does any rank want a commit?", asked at step k and answered at step k + 1.
 
-    One tiny allreduce per step, so that all ranks commit at the same step (a commit is a
-    collective). After a notice, the job commits every step until the noticed host has left:
-    whether Horovod removes it gracefully or the cloud kills it first, nothing is lost.
+    A notice (or a pending host update) seen by one rank must make every rank commit at the
+    same step, since a commit is a collective. A blocking allreduce of the flag every step
+    cost one round trip per step on the ring; instead the flag of step k travels in an async
+    allreduce (max) while step k + 1 computes, and step k + 1 reads it. So a rank learns of a
+    notice at most one step later, and since every rank reads the same op at the same step,
+    all of them commit together. A notice stays set, so after one the job commits every step
+    until the noticed host has left: whether Horovod removes it gracefully or the cloud
+    kills it first, nothing is lost.
+
+    The op in flight belongs to the ring it was started on: after an elastic reset
+    (HorovodInternalError or HostsUpdatedInterrupt) Horovod has shut that ring down, so
+    `reset` (a reset callback) drops the handle, and the first step after the reset asks
+    afresh on every rank (a new worker starts with none, like the rest).
     """
-    wants = (watcher is not None and watcher.event.is_set()) or state.hosts_update_pending
-    flag = hvd.allreduce(torch.tensor([1 if wants else 0]), op=hvd.Max, name="transientvod.commit_now")
-    return bool(flag.item())
+
+    __slots__ = ("_in_flight",)
+
+    def __init__(self):
+        self._in_flight = None
+
+    def reset(self) -> None:
+        self._in_flight = None
+
+    def exchange(self, wants: bool, step: int) -> bool:
+        """Send this rank's flag for `step`; return whether any rank wanted a commit at the
+        step before (False on the first step after a start or a reset)."""
+        answer = self.finish()
+        # Named by step: ranks pair ops by name, the step is equal on every rank (synced after
+        # a reset), and no two ops in flight share it.
+        self._in_flight = hvd.allreduce_async(torch.tensor([1 if wants else 0]), op=hvd.Max,
+                                              name=f"transientvod.commit_vote.{step}")
+        return answer
+
+    def finish(self) -> bool:
+        """Wait for the vote in flight, if any, and return its answer."""
+        if self._in_flight is None:
+            return False
+        handle, self._in_flight = self._in_flight, None
+        return bool(hvd.synchronize(handle).item())
 
 
 def pick_device(config: Config) -> torch.device:
@@ -220,6 +253,8 @@ def train(config: Config) -> None:
     state = TransientState(model, optimizer, sampler, rule)
     if exchange is not None:
         state.register_reset_callbacks([exchange.reset])
+    commit_vote = CommitVote()
+    state.register_reset_callbacks([commit_vote.reset])
     store = open_store(config.checkpoint_dir, keep_last=config.checkpoint.keep_last)
     # Rank 0 snapshots the state at a durable step; a thread writes it while the ring trains on.
     checkpoint_writer = BackgroundCheckpointWriter(store)
@@ -291,7 +326,10 @@ def train(config: Config) -> None:
                         books.on_eval(state, row)
                         record.append("metrics.jsonl", row)
 
-                notice_now = watcher is not None and any_rank_wants_commit(state, watcher)
+                notice_now = False
+                if watcher is not None:  # notices on: one vote per step, answered one step later
+                    wants = watcher.event.is_set() or state.hosts_update_pending
+                    notice_now = commit_vote.exchange(wants, state.step)
                 last_step = state.step == config.train.steps
                 if notice_now or last_step or state.step % config.train.commit_every == 0:
                     durable = last_step or state.step % config.train.checkpoint_every == 0
@@ -311,6 +349,7 @@ def train(config: Config) -> None:
                 # The epoch ran out (on every rank at once: shards have equal length).
                 state.epoch += 1
                 state.sampler.set_epoch(state.epoch)
+        commit_vote.finish()  # every rank has the last step's vote in flight: no op outlives the loop
         # The final accuracy, by every rank, inside the elastic run: a peer lost here rolls
         # back to the last commit (the last step) and the survivors evaluate again.
         return evaluate(state.model, data, device)
