@@ -15,6 +15,11 @@ One loop with named phases: set up (data, model, optimizer, durable checkpoint),
 point survivors roll back to, and where hosts may join or leave) and writing a durable
 checkpoint every `checkpoint_every` steps. Rank 0 speaks for the job: it writes
 `metrics.jsonl`, `events.jsonl` and, at the end, `summary.json` in the run directory.
+
+Nothing on the step path waits for one rank alone: every rank evaluates its slice of the
+test split (one allreduce of the counts); rank 0 only snapshots the state for a durable
+checkpoint, and a thread writes it (checkpoint_writer.py); the notice vote is an async
+allreduce read one step later (`CommitVote`).
 """
 from __future__ import annotations
 
@@ -35,7 +40,8 @@ from torch.utils.data import DataLoader, TensorDataset
 import horovod.torch as hvd
 
 from transientvod.accounting import JobAccounting
-from transientvod.checkpoint import open_store
+from transientvod.checkpoint import CheckpointError, open_store
+from transientvod.checkpoint_writer import BackgroundCheckpointWriter
 from transientvod.config import Config, ConfigError, load_config, to_yaml
 from transientvod.cost import PriceError
 from transientvod.data import DataError, Dataset, load_dataset
@@ -82,16 +88,48 @@ def start_notice_watcher(config: Config):
     return NoticeWatcher(source, poll_seconds=config.notices.poll_seconds).start()
 
 
-def any_rank_wants_commit(state: TransientState, watcher) -> bool:
-    """True on every rank if any rank has an interruption notice or a pending host update.
+class CommitVote:
+    """"Does any rank want a commit?", asked at step k and answered at step k + 1.
 
-    One tiny allreduce per step, so that all ranks commit at the same step (a commit is a
-    collective). After a notice, the job commits every step until the noticed host has left:
-    whether Horovod removes it gracefully or the cloud kills it first, nothing is lost.
+    A notice (or a pending host update) seen by one rank must make every rank commit at the
+    same step, since a commit is a collective. A blocking allreduce of the flag every step
+    cost one round trip per step on the ring; instead the flag of step k travels in an async
+    allreduce (max) while step k + 1 computes, and step k + 1 reads it. So a rank learns of a
+    notice at most one step later, and since every rank reads the same op at the same step,
+    all of them commit together. A notice stays set, so after one the job commits every step
+    until the noticed host has left: whether Horovod removes it gracefully or the cloud
+    kills it first, nothing is lost.
+
+    The op in flight belongs to the ring it was started on: after an elastic reset
+    (HorovodInternalError or HostsUpdatedInterrupt) Horovod has shut that ring down, so
+    `reset` (a reset callback) drops the handle, and the first step after the reset asks
+    afresh on every rank (a new worker starts with none, like the rest).
     """
-    wants = (watcher is not None and watcher.event.is_set()) or state.hosts_update_pending
-    flag = hvd.allreduce(torch.tensor([1 if wants else 0]), op=hvd.Max, name="transientvod.commit_now")
-    return bool(flag.item())
+
+    __slots__ = ("_in_flight",)
+
+    def __init__(self):
+        self._in_flight = None
+
+    def reset(self) -> None:
+        self._in_flight = None
+
+    def exchange(self, wants: bool, step: int) -> bool:
+        """Send this rank's flag for `step`; return whether any rank wanted a commit at the
+        step before (False on the first step after a start or a reset)."""
+        answer = self.finish()
+        # Named by step: ranks pair ops by name, the step is equal on every rank (synced after
+        # a reset), and no two ops in flight share it.
+        self._in_flight = hvd.allreduce_async(torch.tensor([1 if wants else 0]), op=hvd.Max,
+                                              name=f"transientvod.commit_vote.{step}")
+        return answer
+
+    def finish(self) -> bool:
+        """Wait for the vote in flight, if any, and return its answer."""
+        if self._in_flight is None:
+            return False
+        handle, self._in_flight = self._in_flight, None
+        return bool(hvd.synchronize(handle).item())
 
 
 def pick_device(config: Config) -> torch.device:
@@ -133,16 +171,62 @@ class RunRecord:
             f.write(json.dumps(row) + "\n")
 
 
+def evaluation_slice(total: int, rank: int, size: int) -> slice:
+    """This rank's part of a split of `total` samples: contiguous, disjoint from every other
+    rank's, all of them together the whole split; sizes differ by at most one."""
+    return slice(total * rank // size, total * (rank + 1) // size)
+
+
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, data: Dataset, device: torch.device) -> float:
+def count_correct(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device,
+                  batch_size: int = 512) -> int:
+    """How many of `x` the model classifies as `y`, in eval mode (BatchNorm's running statistics)."""
+    was_training = model.training
     model.eval()
     correct = 0
-    for start in range(0, len(data.test_y), 512):
-        x = data.test_x[start:start + 512].to(device)
-        y = data.test_y[start:start + 512].to(device)
-        correct += (model(x).argmax(dim=1) == y).sum().item()
-    model.train()
-    return correct / len(data.test_y)
+    for start in range(0, len(y), batch_size):
+        predicted = model(x[start:start + batch_size].to(device)).argmax(dim=1)
+        correct += (predicted == y[start:start + batch_size].to(device)).sum().item()
+    model.train(was_training)
+    return correct
+
+
+def share_buffers(model: torch.nn.Module) -> None:
+    """Give every rank rank 0's buffers (BatchNorm's running statistics), one broadcast per dtype.
+
+    Training never averages them: each rank's follow its own batches, and eval mode uses them.
+    Without this, ranks evaluating slices would score different models. Rank 0's are the ones
+    the checkpoints keep, so the sharded accuracy is the accuracy of the checkpointed model
+    (PyTorch's DDP broadcasts rank 0's buffers the same way, at every forward). Training mode
+    does not read the running statistics, so this changes no rank's training.
+    """
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for buffer in model.buffers():
+        by_dtype.setdefault(buffer.dtype, []).append(buffer)
+    for dtype, buffers in sorted(by_dtype.items(), key=lambda item: str(item[0])):
+        flat = torch.cat([b.detach().reshape(-1).cpu() for b in buffers])
+        flat = hvd.broadcast(flat, root_rank=0, name=f"transientvod.eval.buffers.{str(dtype).split('.')[-1]}")
+        for buffer, part in zip(buffers, torch.split(flat, [b.numel() for b in buffers])):
+            buffer.copy_(part.view_as(buffer))
+
+
+def evaluate(model: torch.nn.Module, data: Dataset, device: torch.device) -> float:
+    """Test accuracy, with every rank scoring its slice of the test split.
+
+    A collective: every rank must call it at the same step. The counts travel in one
+    allreduce, so every rank returns the same accuracy, equal to one process scoring the
+    whole split with rank 0's model. A peer lost meanwhile raises HorovodInternalError, which
+    `hvd.elastic.run` recovers from like a failure in a training step.
+    """
+    with torch.no_grad():
+        share_buffers(model)
+    part = evaluation_slice(len(data.test_y), hvd.rank(), hvd.size())
+    correct = count_correct(model, data.test_x[part], data.test_y[part], device)
+    counted = part.stop - part.start
+    # float64 holds any count up to 2^53 exactly.
+    totals = hvd.allreduce(torch.tensor([correct, counted], dtype=torch.float64), op=hvd.Sum,
+                           name="transientvod.eval.counts")
+    return totals[0].item() / totals[1].item()
 
 
 def train(config: Config) -> None:
@@ -171,7 +255,11 @@ def train(config: Config) -> None:
     state = TransientState(model, optimizer, sampler, rule)
     if exchange is not None:
         state.register_reset_callbacks([exchange.reset])
+    commit_vote = CommitVote()
+    state.register_reset_callbacks([commit_vote.reset])
     store = open_store(config.checkpoint_dir, keep_last=config.checkpoint.keep_last)
+    # Rank 0 snapshots the state at a durable step; a thread writes it while the ring trains on.
+    checkpoint_writer = BackgroundCheckpointWriter(store)
     record = RunRecord(config.run_dir)
     config_yaml = to_yaml(config)
     books = JobAccounting(config)
@@ -194,7 +282,7 @@ def train(config: Config) -> None:
 
     # -- phase 2: train, elastically --------------------------------------------------------
     @hvd.elastic.run
-    def run(state: TransientState) -> None:
+    def run(state: TransientState) -> float:
         notice_checkpointed = False
         # Here after every (re)start and sync: all ranks hold the same parameters.
         record.append("events.jsonl", {"event": "synced", "rank": hvd.rank(), "size": hvd.size(),
@@ -237,12 +325,17 @@ def train(config: Config) -> None:
                     log.info("step %d/%d loss %.4f lr %.4f workers %d", state.step, config.train.steps,
                              row["loss"], lr, hvd.size())
                     last_log, samples_since_log = now, 0
-                if config.train.eval_every and state.step % config.train.eval_every == 0 and hvd.rank() == 0:
-                    row = {"step": state.step, "test_accuracy": evaluate(state.model, data, device)}
-                    books.on_eval(state, row)
-                    record.append("metrics.jsonl", row)
+                if config.train.eval_every and state.step % config.train.eval_every == 0:
+                    accuracy = evaluate(state.model, data, device)  # every rank, its slice
+                    if hvd.rank() == 0:
+                        row = {"step": state.step, "test_accuracy": accuracy}
+                        books.on_eval(state, row)
+                        record.append("metrics.jsonl", row)
 
-                notice_now = watcher is not None and any_rank_wants_commit(state, watcher)
+                notice_now = False
+                if watcher is not None:  # notices on: one vote per step, answered one step later
+                    wants = watcher.event.is_set() or state.hosts_update_pending
+                    notice_now = commit_vote.exchange(wants, state.step)
                 last_step = state.step == config.train.steps
                 if notice_now or last_step or state.step % config.train.commit_every == 0:
                     durable = last_step or state.step % config.train.checkpoint_every == 0
@@ -254,7 +347,7 @@ def train(config: Config) -> None:
                                      "committing every step until the host has left", state.step)
                     if durable and hvd.rank() == 0:
                         books.before_checkpoint(state)
-                        store.save(state.step, state.checkpoint_payload(), config_yaml)
+                        checkpoint_writer.submit(state.step, state.checkpoint_payload(), config_yaml)
                     state.commit()  # may raise HostsUpdatedInterrupt: the state is saved first
                 if state.step >= config.train.steps:
                     break
@@ -262,14 +355,20 @@ def train(config: Config) -> None:
                 # The epoch ran out (on every rank at once: shards have equal length).
                 state.epoch += 1
                 state.sampler.set_epoch(state.epoch)
+        commit_vote.finish()  # every rank has the last step's vote in flight: no op outlives the loop
+        # The final accuracy, by every rank, inside the elastic run: a peer lost here rolls
+        # back to the last commit (the last step) and the survivors evaluate again.
+        return evaluate(state.model, data, device)
 
-    run(state)
+    accuracy = run(state)
     if watcher is not None:
         watcher.stop()
+    # Every process, not only today's rank 0: a process that was rank 0 before a reset may
+    # still be writing. A write that failed raises its CheckpointError here.
+    checkpoint_writer.wait()
 
     # -- phase 3: report ------------------------------------------------------------------
     if hvd.rank() == 0:
-        accuracy = evaluate(state.model, data, device)
         summary = {
             "steps": state.step,
             "world_sizes_seen": state.world_sizes,
@@ -294,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         train(load_config(args.config))
-    except (ConfigError, DataError, PriceError, TrackingError) as e:
+    except (CheckpointError, ConfigError, DataError, PriceError, TrackingError) as e:
         log.error("%s", e)
         return 2
     return 0

@@ -1,0 +1,83 @@
+"""Run by tests/test_train_step.py under `horovodrun -np N`: prints one JSON line per rank.
+
+    horovodrun -np 2 -H localhost:2 --gloo python tests/step_probe.py evaluate
+    horovodrun -np 2 -H localhost:2 --gloo python tests/step_probe.py vote
+
+evaluate: every rank holds the same parameters but its own BatchNorm running statistics (as
+after training, where only gradients are averaged); the sharded `evaluate` must score exactly
+what one process scores over the whole test split with rank 0's model.
+
+vote: the last rank wants a commit at step 5 only; every rank must hear of it at step 6, and
+a reset in between (the handle dropped, as Horovod's reset callbacks do) must not leave a
+stale answer behind.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import zlib
+
+import torch
+
+import horovod.torch as hvd
+
+from transientvod.config import ModelConfig
+from transientvod.data import load_digits_dataset
+from transientvod.models import build_model
+from transientvod.train import CommitVote, count_correct, evaluate
+
+
+def buffers_checksum(model: torch.nn.Module) -> int:
+    crc = 0
+    for buffer in model.buffers():
+        crc = zlib.crc32(buffer.detach().contiguous().numpy().tobytes(), crc)
+    return crc
+
+
+def check_evaluate() -> dict:
+    torch.manual_seed(0)
+    data = load_digits_dataset()
+    model = build_model(ModelConfig(depth=8, width=4), data.in_channels, data.num_classes)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    # Forward passes in training mode on this rank's own batches: the running statistics
+    # drift apart per rank, the parameters stay equal.
+    with torch.no_grad():
+        for start in range(hvd.rank() * 64, hvd.rank() * 64 + 256, 32):
+            model(data.train_x[start:start + 32])
+    before = hvd.allgather_object(buffers_checksum(model))
+    device = torch.device("cpu")
+    sharded = evaluate(model, data, device)
+    after = hvd.allgather_object(buffers_checksum(model))
+    row = {"rank": hvd.rank(), "size": hvd.size(), "sharded": sharded,
+           "buffers_differed_before": len(set(before)) > 1, "buffers_equal_after": len(set(after)) == 1}
+    if hvd.rank() == 0:
+        # One process, the whole split, rank 0's model: what rank 0 alone reported before.
+        row["whole_split"] = count_correct(model, data.test_x, data.test_y, device) / len(data.test_y)
+        row["test_samples"] = len(data.test_y)
+    return row
+
+
+def check_vote() -> dict:
+    vote = CommitVote()
+    last = hvd.size() - 1
+    answers = [vote.exchange(hvd.rank() == last and step == 5, step) for step in range(1, 11)]
+    vote.finish()
+    # A vote in flight when the job resets is dropped, not read on the new ring. (A real
+    # reset shuts Horovod down, which ends the dropped op; here it completes unread, so the
+    # steps after the 'reset' are named apart from it.)
+    vote.exchange(True, 11)
+    vote.reset()
+    after_reset = [vote.exchange(False, step) for step in (21, 22)]
+    vote.finish()
+    return {"rank": hvd.rank(), "answers": answers, "after_reset": after_reset}
+
+
+def main() -> None:
+    hvd.init()
+    torch.set_num_threads(1)
+    check = {"evaluate": check_evaluate, "vote": check_vote}[sys.argv[1]]
+    print(json.dumps(check()), flush=True)
+
+
+if __name__ == "__main__":
+    main()

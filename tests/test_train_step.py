@@ -1,0 +1,91 @@
+"""The worker's step path (transientvod/train.py): sharded evaluation, the background
+checkpoint in a job, the one-step-late notice vote. Real Horovod: single-process `hvd.init()`
+for the pieces, `horovodrun` (Gloo) for what needs two ranks."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, explain
+from transientvod.checkpoint import LocalCheckpointStore
+from transientvod.config import config_from_yaml
+from transientvod.data import load_dataset
+from transientvod.models import build_model
+from transientvod.train import count_correct, evaluation_slice
+
+HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
+
+
+def run_probe(probe: str, world: int, *args: str) -> list[dict]:
+    done = subprocess.run([HOROVODRUN, "-np", str(world), "-H", f"localhost:{world}", "--gloo",
+                           sys.executable, str(REPO / "tests" / probe), *args],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 0, explain(done)
+    rows = []
+    for line in done.stdout.splitlines():
+        _, _, text = line.partition(">:")
+        if text.startswith("{"):
+            rows.append(json.loads(text))
+    return rows
+
+
+# -- sharded evaluation -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("total", [0, 1, 2, 5, 359, 360, 10_000])
+@pytest.mark.parametrize("size", [1, 2, 3, 7])
+def test_evaluation_slices_are_disjoint_cover_the_split_and_differ_by_at_most_one(total, size):
+    slices = [evaluation_slice(total, rank, size) for rank in range(size)]
+    covered = [i for s in slices for i in range(total)[s]]
+    assert covered == list(range(total))  # in order: contiguous, disjoint, complete
+    lengths = [s.stop - s.start for s in slices]
+    assert max(lengths) - min(lengths) <= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_sharded_accuracy_equals_one_process_scoring_the_whole_split(world):
+    rows = run_probe("step_probe.py", world, "evaluate")
+    assert sorted(r["rank"] for r in rows) == list(range(world))
+    root = next(r for r in rows if r["rank"] == 0)
+    assert all(r["buffers_differed_before"] for r in rows), "the probe did not make the ranks' buffers differ"
+    assert all(r["buffers_equal_after"] for r in rows)
+    assert {r["sharded"] for r in rows} == {root["whole_split"]}, rows
+    assert 0.0 < root["whole_split"] < 1.0  # an untrained model: some right, some wrong
+
+
+@pytest.mark.slow
+def test_job_accuracy_is_its_last_checkpoint_scored_by_one_process(job):
+    j = job("sharded", train={"steps": 120, "eval_every": 40, "commit_every": 10, "checkpoint_every": 50})
+    done = j.run(j.discovery("0=localhost:1,127.0.0.1:1"))
+    assert done.returncode == 0, explain(done)
+    summary = j.summary()
+    assert summary["world_sizes_seen"] == [2]
+    evals = [r for r in j.rows("metrics.jsonl") if "test_accuracy" in r]
+    assert [r["step"] for r in evals] == [40, 80, 120, 120]  # every eval_every steps, then the final one
+    # The last checkpoint was written in the background; the job waited for it before its summary.
+    last = LocalCheckpointStore(j.run_dir / "checkpoints").load_latest()
+    assert last.step == 120
+    config = config_from_yaml(last.config_yaml, "the checkpoint's config")
+    data = load_dataset(config.data, seed=config.train.seed)
+    model = build_model(config.model, data.in_channels, data.num_classes)
+    model.load_state_dict(last.state["model"])
+    whole_split = count_correct(model, data.test_x, data.test_y, torch.device("cpu")) / len(data.test_y)
+    assert summary["test_accuracy"] == whole_split
+    assert evals[-2]["test_accuracy"] == evals[-1]["test_accuracy"] == whole_split
+
+
+# -- the notice vote ----------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_commit_wanted_by_one_rank_is_heard_by_every_rank_one_step_later():
+    rows = run_probe("step_probe.py", 2, "vote")
+    assert len(rows) == 2
+    for row in rows:
+        expected = [step == 6 for step in range(1, 11)]  # wanted by the last rank at step 5 only
+        assert row["answers"] == expected, row
+        assert row["after_reset"] == [False, False], row
