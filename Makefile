@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 
 install: $(STAMP)
 
-$(STAMP): setup.py launch/install_horovod.sh
+$(STAMP): setup.py launch/install_horovod.sh launch/horovod-0.28.1-transient.patch
 	@test -x $(PY) || { echo "make: creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
 	@echo "make: installing $(TORCH_SPEC)"
 	$(PY) -m pip install --quiet $(TORCH_SPEC) numpy

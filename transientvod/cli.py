@@ -174,7 +174,8 @@ def cmd_fleet(args) -> int:
 
 def finish(result) -> int:
     if result.returncode != 0 or result.summary is None:
-        print(f"transientvod: the job failed (horovodrun exit code {result.returncode}); "
+        print(f"transientvod: {result.why}" if result.why else
+              f"transientvod: the job failed (horovodrun exit code {result.returncode}); "
               "the worker logs above say why.", file=sys.stderr)
         return result.returncode or 1
     print("\ntransientvod: job finished\n" + format_summary(result.summary), flush=True)

@@ -34,6 +34,7 @@ class JobResult:
     returncode: int
     wall_seconds: float
     summary: dict | None
+    why: str = ""  # for a failed job: one sentence, when the launcher knows the cause
 
 
 def check_discovery_script(command: str) -> list[str]:
@@ -185,7 +186,7 @@ def run_job(config: Config, discovery: str | None = None) -> JobResult:
         summary_path.unlink(missing_ok=True)
         print(f"transientvod: starting {' '.join(shlex.quote(a) for a in argv)}", flush=True)
         started = time.monotonic()
-        returncode = subprocess.call(argv)
+        returncode, capacity_timed_out = run_horovodrun(argv)
         wall = time.monotonic() - started
     finally:
         if stop_watcher is not None:
@@ -198,6 +199,12 @@ def run_job(config: Config, discovery: str | None = None) -> JobResult:
         log.warning("horovodrun exited with %d after the job had finished all %d steps (a worker "
                     "ended after the end); the results stand", returncode, config.train.steps)
         returncode = 0
+    why = ""
+    if returncode != 0 and capacity_timed_out:
+        c = config.cluster
+        why = (f"the job had fewer than cluster.min_np ({c.min_np}) workers for cluster.elastic_timeout "
+               f"({c.elastic_timeout} s) and stopped; start it again when servers are back and it resumes "
+               f"from its last durable checkpoint in {config.checkpoint_dir}.")
     if summary is not None:
         summary["wall_seconds"] = round(wall, 1)
         if config.tracking.enabled:
@@ -207,7 +214,25 @@ def run_job(config: Config, discovery: str | None = None) -> JobResult:
     if config.tracking.enabled:
         from transientvod.tracking import close_run
         close_run(config, summary, succeeded=returncode == 0)
-    return JobResult(returncode, wall, summary)
+    return JobResult(returncode, wall, summary, why)
+
+
+# Horovod's driver says this when fewer than --min-np slots stayed available for --elastic-timeout
+# (its message begins "Timed out waiting for {activity}", placeholder and all).
+CAPACITY_TIMEOUT = "Please check that you have enough resources to run at least"
+
+
+def run_horovodrun(argv: list[str]) -> tuple[int, bool]:
+    """Run horovodrun, passing its output through line by line; returns its exit code and
+    whether it gave up waiting for capacity (so the launcher can say so in one sentence)."""
+    capacity_timed_out = False
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=1, text=True,
+                          errors="replace") as proc:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            capacity_timed_out = capacity_timed_out or CAPACITY_TIMEOUT in line
+        sys.stdout.flush()
+    return proc.returncode, capacity_timed_out
 
 
 def format_summary(summary: dict) -> str:
