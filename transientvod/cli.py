@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 from transientvod.config import Config, ConfigError, load_config
-from transientvod.launcher import LaunchError, format_summary, run_job
+from transientvod.launcher import LaunchError, format_summary, revocation, run_job
 from transientvod.testbed import TestbedError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -102,7 +102,7 @@ def cmd_watch(args) -> int:
           f"discovery: python launch/spot_hosts.py --state-file {config.host_state_file}", flush=True)
     try:
         watch(provider, config.host_state_file, poll_seconds=config.spot.poll_seconds,
-              kill_revoked=config.spot.provider == "trace")
+              revoke=revocation(config) if config.spot.provider == "trace" else None)
     except KeyboardInterrupt:
         pass
     return 0

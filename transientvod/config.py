@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -137,6 +138,9 @@ class SpotConfig:
     start_at: float = 0.0  # skip this many trace seconds (an uneventful beginning)
     notice_seconds: float = 30.0  # 30 GCE, 120 EC2 (trace seconds, scaled like the rest)
     notices: bool = True  # false: revocations come without notice (hard kills)
+    # what a revocation does to its host: kill (SIGKILL its workers) | vanish:<testbed> (the
+    # testbed host's link goes down and its processes freeze, as a revoked VM disappears)
+    revoke: str = "kill"
     # aws
     job_tag: str = ""  # instances tagged transientvod:job=<job_tag> belong to the job
     region: str = ""
@@ -328,6 +332,9 @@ def validate(config: Config, source: str = "config") -> None:
     c = config.cluster
     if c.min_np > c.max_np:
         fail("cluster.min_np", f"is {c.min_np}, more than cluster.max_np ({c.max_np}); lower min_np or raise max_np.")
+    if config.spot.revoke != "kill" and not re.match(r"^vanish:[a-z][a-z0-9]{0,7}$", config.spot.revoke):
+        fail("spot.revoke", f"is {config.spot.revoke!r}; it must be kill, or vanish:<testbed name> "
+             "(for example vanish:tvd).")
     if c.host_cooldown > 600:
         fail("cluster.host_cooldown", f"is {c.host_cooldown}; it must be 0 (a failed host never rejoins) or at most "
              "600 seconds.")

@@ -164,7 +164,8 @@ def start_spot_watcher(config: Config) -> tuple[str, threading.Event]:
                 # it stale (and the watcher stopped) on a cluster slower to start than that.
                 write_host_state(state_file, HostState(provider.name, time.time(), first_hosts))
             provider = provider_from_config(config.spot, start_time=time.time())
-        watch(provider, state_file, poll_seconds=config.spot.poll_seconds, kill_revoked=replay, stop=stop)
+        watch(provider, state_file, poll_seconds=config.spot.poll_seconds,
+              revoke=revocation(config) if replay else None, stop=stop)
 
     threading.Thread(target=watch_job, name="spot-watcher", daemon=True).start()
     if config.spot.provider == "trace" and config.notices.source == "none":
@@ -172,6 +173,22 @@ def start_spot_watcher(config: Config) -> tuple[str, threading.Event]:
     discovery = (f"{shlex.quote(sys.executable)} {shlex.quote(str(SPOT_HOSTS))} --state-file {shlex.quote(state_file)}"
                  f" --stale-after {config.spot.stale_after:g}")
     return discovery, stop
+
+
+def revocation(config: Config):
+    """What a replayed revocation does to its host (`spot.revoke`): kill its workers, or make a
+    testbed host vanish from the network (`vanish:<testbed>`), as a revoked VM does."""
+    from transientvod.spot.watch import workers_killer
+
+    kind, _, testbed = config.spot.revoke.partition(":")
+    if kind != "vanish":
+        return workers_killer(config.host_state_file)
+    from transientvod.testbed import cluster
+
+    def vanish(host: str) -> str:
+        cluster.vanish(testbed, host)
+        return f"it vanished from testbed {testbed}'s network"
+    return vanish
 
 
 def run_job(config: Config, discovery: str | None = None) -> JobResult:

@@ -2,8 +2,9 @@
 
 `launch/spot_hosts.py` (run by Horovod every second) only reads the file this loop writes,
 so discovery stays fast however slow the cloud API is. When replaying a trace, the watcher
-also plays the cloud's part at a revocation: it kills the worker processes still running on
-the revoked host (`kill_revoked`), which is what makes the no-notice case a real failure.
+also plays the cloud's part at a revocation (`revoke`): by default it kills the worker
+processes still running on the revoked host, which is what makes the no-notice case a real
+failure; on a testbed, the launcher passes one that makes the host vanish from the network.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from typing import Callable
 
 from transientvod.spot.hosts import GONE, NOTICED, HostState, registered_workers, write_host_state
 from transientvod.spot.provider import ProviderError, SpotProvider
@@ -33,6 +35,14 @@ def kill_workers(state_file, host: str) -> list[int]:
     return killed
 
 
+def workers_killer(state_file) -> Callable[[str], str]:
+    """The default revocation of a replay: SIGKILL the host's registered workers."""
+    def kill(host: str) -> str:
+        killed = kill_workers(state_file, host)
+        return f"killed its workers {killed}" if killed else "no worker of it was left"
+    return kill
+
+
 def wait_for_workers(state_file, hosts: list[str], timeout: float, stop: threading.Event) -> bool:
     """Wait until every host in `hosts` has a registered worker (the job is running there).
 
@@ -48,9 +58,11 @@ def wait_for_workers(state_file, hosts: list[str], timeout: float, stop: threadi
 
 
 def watch(provider: SpotProvider, state_file, poll_seconds: float = WATCH_POLL_SECONDS,
-          kill_revoked: bool = False, stop: threading.Event | None = None, clock=time.time) -> None:
+          revoke: Callable[[str], str] | None = None, stop: threading.Event | None = None,
+          clock=time.time) -> None:
     """Poll until `stop` is set. A provider error is logged and the last state is kept (it
-    goes stale, which spot_hosts.py reports); the loop never dies of one bad answer."""
+    goes stale, which spot_hosts.py reports); the loop never dies of one bad answer.
+    `revoke(host)`, if given, plays the cloud's part when a host is gone; it returns what it did."""
     stop = stop or threading.Event()
     previous: dict[str, str] = {}
     failing = False
@@ -75,8 +87,7 @@ def watch(provider: SpotProvider, state_file, poll_seconds: float = WATCH_POLL_S
             if host.state == NOTICED:
                 log.info("host %s (%s) has an interruption notice; dropped from discovery", host.name, host.instance_id)
             elif host.state == GONE:
-                killed = kill_workers(state_file, host.name) if kill_revoked else []
-                log.info("host %s (%s) is gone%s", host.name, host.instance_id,
-                         f"; killed its workers {killed}" if killed else "")
+                done = revoke(host.name) if revoke is not None else ""
+                log.info("host %s (%s) is gone%s", host.name, host.instance_id, f"; {done}" if done else "")
             previous[host.name] = host.state
         stop.wait(poll_seconds)
