@@ -265,7 +265,7 @@ def test_rank0_host_vanishes_mid_checkpoint_and_no_partial_checkpoint_is_loaded(
     assert partial.exists() and not (partial / "manifest.json").exists(), "the frozen writer's files changed"
     latest = LocalCheckpointStore(checkpoints).load_latest()
     assert latest is not None and latest.step == 160, latest and latest.step
-    # Every checkpoint the store lists is whole (the new rank 0 may have written the partial
+    # Every step directory in place is whole (the new rank 0 may have written the partial
     # one's step again, completely); the newest loads with its checksums verified.
-    for step in LocalCheckpointStore(checkpoints).steps():
-        assert (checkpoints / f"step-{step:09d}" / "manifest.json").exists()
+    step_dirs = list(checkpoints.glob("step-*"))
+    assert step_dirs and all((d / "manifest.json").exists() for d in step_dirs), step_dirs
