@@ -185,3 +185,28 @@ def test_layout_names_and_addresses():
     assert [m.address for m in layout.machines] == ["10.213.0.1", "10.213.0.11", "10.213.0.12", "10.213.0.13"]
     with pytest.raises(TestbedError, match="1-8 lowercase letters"):
         plan("Bad_Name", 3)
+
+
+def test_down_leaves_sshds_privilege_directory_to_a_testbed_still_up():
+    # sshd needs /run/sshd for every new connection. The testbed that made it hands it on to
+    # one still up, and the last one down removes it.
+    from transientvod.testbed.sshd import PRIVSEP_DIR
+
+    if PRIVSEP_DIR.exists():
+        pytest.skip(f"{PRIVSEP_DIR} exists already (this machine's own sshd, or a testbed that is up owns it)")
+    first, second = new_testbed_name(), new_testbed_name()
+    cluster.up(first, 2)
+    try:
+        cluster.up(second, 2)
+        try:
+            cluster.down(first)
+            assert PRIVSEP_DIR.exists() and load_record(second).made_privsep_dir
+            host = load_record(second).layout.hosts[0].name
+            assert head_run(second, ["ssh", host, "true"]).returncode == 0, "the testbed still up lost its SSH"
+        finally:
+            cluster.down(second)
+        assert not PRIVSEP_DIR.exists()
+    finally:
+        if load_record(first) is not None:
+            cluster.down(first)
+    assert leftovers(first) == [] and leftovers(second) == []

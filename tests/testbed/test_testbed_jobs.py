@@ -4,24 +4,21 @@ VM does (no FIN, no RST). Nothing of Horovod, SSH or the network is mocked."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from conftest import LOCAL_HOSTS, REPO, TINY_JOB, job_environment
-from testbed_support import leftovers, require_testbed, testbed_factory  # noqa: F401 (a fixture)
+from conftest import LOCAL_HOSTS, TINY_JOB, job_environment
+from testbed_support import require_testbed, testbed_factory  # noqa: F401 (a fixture)
 
-from transientvod.testbed import cluster, sshd
+from transientvod.testbed import cluster
+from transientvod.testbed.rehearsal import Rehearsal, RehearsalError
 
 pytestmark = [require_testbed(), pytest.mark.slow]
 
 RECOVERY_GOAL_SECONDS = 10.0  # from a vanish to training at the smaller size
+CLOUD_API_LAG = 5  # seconds the testbed's discovery lags behind a vanish, as a cloud's API does
 
 
 # Jobs other than the ring test name the interface: Horovod then skips probing the hosts for a
@@ -29,8 +26,8 @@ RECOVERY_GOAL_SECONDS = 10.0  # from a vanish to training at the smaller size
 # test needs to exercise.
 
 
-class RehearsalJob:
-    """One job started on a testbed's head; its run directory is on the shared file system."""
+class RehearsalJob(Rehearsal):
+    """A tiny job (conftest's TINY_JOB) on a testbed; a failure ends the test with the job's log."""
 
     def __init__(self, tmp_path: Path, record, name: str, **sections):
         config = json.loads(json.dumps(TINY_JOB))
@@ -40,82 +37,30 @@ class RehearsalJob:
         config["tracking"] = {"enabled": False}
         for section, values in sections.items():
             config.setdefault(section, {}).update(values)
-        config["run"] = {"name": name, "output_dir": str(tmp_path / "runs")}
-        self.record = record
-        self.run_dir = tmp_path / "runs" / name
-        self.config_path = tmp_path / f"{name}.yaml"
-        self.config_path.write_text(yaml.safe_dump(config))
-        self.log_path = tmp_path / f"{name}.log"
-        self.proc: subprocess.Popen | None = None
+        super().__init__(record, tmp_path, name, config)
 
-    def start(self, discovery: str) -> None:
-        self._start(["--discovery", discovery])
-
-    def start_without_discovery(self) -> None:
-        """For a job whose `spot.provider` makes its own discovery (the launcher's watcher)."""
-        self._start([])
-
-    def _start(self, extra: list[str]) -> None:
-        argv = [sys.executable, "-m", "transientvod.cli", "train", "--config", str(self.config_path), *extra]
-        # Its own session, so that a hung job can be killed with every process it started here.
-        self.proc = subprocess.Popen(sshd.exec_argv(self.record.layout.head, argv), cwd=REPO,
-                                     stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT,
-                                     env=job_environment(), start_new_session=True)
+    def start(self, discovery: str | None = None) -> None:
+        super().start(discovery, env=job_environment())
 
     def wait(self, timeout: float) -> int:
         try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            pytest.fail(f"the job did not end within {timeout} s\n{self.log()}")
+            return super().wait(timeout)
+        except RehearsalError as e:
+            pytest.fail(str(e))
 
     def wait_for_step(self, step: int, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while self.last_step() < step:
-            if self.proc.poll() is not None:
-                pytest.fail(f"the job ended (exit {self.proc.returncode}) before step {step}\n{self.log()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"the job did not reach step {step} within {timeout} s\n{self.log()}")
-            time.sleep(0.1)
-
-    def rows(self, name: str) -> list[dict]:
-        path = self.run_dir / name
-        if not path.exists():
-            return []
-        rows = []
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                pass  # the line being written right now
-        return rows
-
-    def last_step(self) -> int:
-        return max((row["step"] for row in self.rows("metrics.jsonl")), default=0)
-
-    def summary(self) -> dict:
-        return json.loads((self.run_dir / "summary.json").read_text())
-
-    def log(self) -> str:
-        return "--- job log (last 12000 characters) ---\n" + self.log_path.read_text()[-12000:]
-
-
-TESTBED_HOSTS = f"{sys.executable} {REPO / 'launch' / 'testbed_hosts.py'}"
-CLOUD_API_LAG = 5  # seconds the testbed's discovery lags behind a vanish, as a cloud's API does
+        try:
+            super().wait_for_step(step, timeout)
+        except RehearsalError as e:
+            pytest.fail(str(e))
 
 
 def fixed_hosts(record) -> str:
     return f"{LOCAL_HOSTS} --hosts " + ",".join(f"{h.name}:1" for h in record.layout.hosts)
 
 
-def cloud_hosts(record) -> str:
-    """Discovery as a cloud's API answers it: the hosts that are up, a few seconds late."""
-    return f"{TESTBED_HOSTS} --name {record.name} --lag {CLOUD_API_LAG}"
-
-
-def first_sync_at_size(job: RehearsalJob, size: int, after: float) -> dict | None:
-    synced = [e for e in job.rows("events.jsonl") if e["event"] == "synced" and e["size"] == size and e["time"] > after]
-    return min(synced, key=lambda e: e["time"]) if synced else None
+def cloud_hosts(job: RehearsalJob) -> str:
+    return job.cloud_hosts(CLOUD_API_LAG)
 
 
 def test_ring_forms_across_hosts_whose_hostname_is_loopback(testbed_factory, tmp_path):
@@ -142,7 +87,7 @@ def test_vanished_host_costs_seconds_not_the_job(testbed_factory, tmp_path):
     commit_every = 10
     job = RehearsalJob(tmp_path, record, "vanish", train={"steps": 600, "commit_every": commit_every},
                        cluster={"min_np": 2, "max_np": 3, "network_interface": "eth0"})
-    job.start(cloud_hosts(record))
+    job.start(cloud_hosts(job))
     job.wait_for_step(100)
     victim = record.layout.hosts[2]
     vanished_at = time.time()
@@ -153,7 +98,7 @@ def test_vanished_host_costs_seconds_not_the_job(testbed_factory, tmp_path):
     assert summary["steps"] == 600
     assert summary["world_sizes_seen"] == [3, 2], job.log()
     assert summary["steps_lost"] <= commit_every, job.log()
-    resumed = first_sync_at_size(job, 2, vanished_at)
+    resumed = job.first_sync_at_size(2, vanished_at)
     assert resumed is not None, job.log()
     took = resumed["time"] - vanished_at
     print(f"training again at size 2 {took:.1f} s after the vanish; {summary['steps_lost']} steps lost")
@@ -169,7 +114,7 @@ def test_too_few_hosts_wait_for_capacity_then_resume(testbed_factory, tmp_path):
     record = testbed_factory(3)
     job = RehearsalJob(tmp_path, record, "capacity", train={"steps": 600},
                        cluster={"min_np": 2, "max_np": 3, "elastic_timeout": 120, "network_interface": "eth0"})
-    job.start(cloud_hosts(record))
+    job.start(cloud_hosts(job))
     job.wait_for_step(100)
     h1, h2, h3 = record.layout.hosts
     vanished_at = time.time()
@@ -184,7 +129,7 @@ def test_too_few_hosts_wait_for_capacity_then_resume(testbed_factory, tmp_path):
     summary = job.summary()
     assert summary["steps"] == 600
     assert summary["world_sizes_seen"][0] == 3 and 2 in summary["world_sizes_seen"], job.log()
-    back = first_sync_at_size(job, 2, vanished_at)
+    back = job.first_sync_at_size(2, vanished_at)
     assert back is not None and back["host"] in (h1.name, h2.name), job.log()
 
 
@@ -192,7 +137,7 @@ def test_too_few_hosts_until_the_timeout_ends_in_one_sentence(testbed_factory, t
     record = testbed_factory(3)
     job = RehearsalJob(tmp_path, record, "timeout", train={"steps": 3000},
                        cluster={"min_np": 2, "max_np": 3, "elastic_timeout": 20, "network_interface": "eth0"})
-    job.start(cloud_hosts(record))
+    job.start(cloud_hosts(job))
     job.wait_for_step(100)
     _, h2, h3 = record.layout.hosts
     cluster.vanish(record.name, h2.name)
@@ -216,7 +161,7 @@ def test_replayed_revocation_with_notice_then_vanish_loses_nothing(testbed_facto
                              "trace_run": "us-east1-c-run3", "time_scale": 2.5, "start_at": 1454.486057 - 45,
                              "poll_seconds": 0.25, "hosts": ",".join(hosts), "revoke": f"vanish:{record.name}"},
                        notices={"poll_seconds": 0.5})
-    job.start_without_discovery()
+    job.start()
     assert job.wait(timeout=400) == 0, job.log()
     summary = job.summary()
     assert summary["steps"] == 600, job.log()
@@ -241,9 +186,9 @@ def test_rank0_host_vanishes_mid_checkpoint_and_no_partial_checkpoint_is_loaded(
     job = RehearsalJob(tmp_path, record, "midckpt", model={"depth": 8, "width": 128},
                        train={"steps": 160, "commit_every": 10, "checkpoint_every": 20},
                        cluster={"min_np": 2, "max_np": 3, "network_interface": "eth0"})
-    job.start(cloud_hosts(record))
+    job.start(cloud_hosts(job))
     job.wait_for_step(40, timeout=240)
-    rank0_host = next(e["host"] for e in reversed(job.rows("events.jsonl")) if e["event"] == "synced" and e["rank"] == 0)
+    rank0_host = job.rank0_host()
     checkpoints = job.run_dir / "checkpoints"
     deadline = time.monotonic() + 120
     partial = None

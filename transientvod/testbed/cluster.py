@@ -17,7 +17,7 @@ from pathlib import Path
 
 from transientvod.testbed import TestbedError, network, sshd
 from transientvod.testbed.layout import Layout, hosts_file, plan
-from transientvod.testbed.record import Record, load_record, new_record, require_record
+from transientvod.testbed.record import RUN_ROOT, Record, load_record, new_record, require_record
 
 DEFAULT_NAME = "tvd"
 
@@ -95,12 +95,23 @@ def down(name: str = DEFAULT_NAME) -> None:
         network.delete_namespace(namespace)
     for directory in record.netns_dirs:
         shutil.rmtree(directory, ignore_errors=True)
-    if record.made_privsep_dir:
-        try:
-            sshd.PRIVSEP_DIR.rmdir()
-        except OSError:
-            pass  # not empty, or already gone: someone else's now
     shutil.rmtree(record.directory, ignore_errors=True)
+    if record.made_privsep_dir:
+        _release_privsep_dir()
+
+
+def _release_privsep_dir() -> None:
+    """Remove the /run/sshd we made, unless another testbed's sshd still needs it (for every
+    new connection): then that testbed's down removes it."""
+    others = [r for r in (load_record(d.name[len("testbed-"):]) for d in RUN_ROOT.glob("testbed-*")) if r]
+    if others:
+        others[0].made_privsep_dir = True
+        others[0].save()
+        return
+    try:
+        sshd.PRIVSEP_DIR.rmdir()
+    except OSError:
+        pass  # not empty, or already gone: someone else's now
 
 
 def status(name: str = DEFAULT_NAME) -> list[dict]:
