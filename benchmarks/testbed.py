@@ -18,7 +18,9 @@ run beside the job for its whole length, as a loaded machine's other work would.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
+import shutil
 import sys
 import tempfile
 import time
@@ -52,6 +54,19 @@ def start_hogs(count: int, seconds: float) -> list[multiprocessing.Process]:
     return procs
 
 
+@contextlib.contextmanager
+def keep_or_temporary(out: str, case: str):
+    """The job's directory: kept under --out (its log, events and metrics), else temporary."""
+    if not out:
+        with tempfile.TemporaryDirectory() as directory:
+            yield directory
+        return
+    directory = Path(out) / case
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    yield directory
+
+
 def job_env() -> dict:
     import os
     return {**os.environ, "TRANSIENTVOD_STEP_SECONDS": STEP_SECONDS, "MLFLOW_DISABLE_TELEMETRY": "true"}
@@ -62,7 +77,7 @@ def soak(args) -> None:
     record = cluster.up(name, args.hosts, args.bandwidth)
     hogs = []
     try:
-        with tempfile.TemporaryDirectory() as directory:
+        with keep_or_temporary(args.out, "soak") as directory:
             # Steps for about the soak's length, at the rate measured here beside two hogs.
             config = {**JOB, "train": {**JOB["train"], "steps": int(args.minutes * 60 * args.steps_per_second)}}
             job = Rehearsal(record, Path(directory), "soak", config)
@@ -95,7 +110,7 @@ def vanish(args) -> None:
         record = cluster.up(name, args.hosts, args.bandwidth)
         hogs = []
         try:
-            with tempfile.TemporaryDirectory() as directory:
+            with keep_or_temporary(args.out, f"vanish-{attempt + 1}") as directory:
                 config = {**JOB, "train": {**JOB["train"], "steps": 600}}
                 job = Rehearsal(record, Path(directory), "vanish", config)
                 hogs = start_hogs(args.hogs, 600)
@@ -132,6 +147,7 @@ def main() -> None:
         p.add_argument("--hosts", type=int, default=4)
         p.add_argument("--bandwidth", default="100mbit")
         p.add_argument("--hogs", type=int, default=2, help="busy CPU processes beside the job")
+        p.add_argument("--out", default="runs/testbed-bench", help="keep each job's directory here ('' to not)")
         if case == "soak":
             p.add_argument("--minutes", type=float, default=10.0)
             p.add_argument("--steps-per-second", type=float, default=12.0,

@@ -59,15 +59,17 @@ def check_evaluate() -> dict:
 
 def check_vote() -> dict:
     vote = CommitVote()
+    vote.begin(0)
     last = hvd.size() - 1
-    answers = [vote.exchange(hvd.rank() == last and step == 5, step) for step in range(1, 11)]
+    answers = [vote.exchange(hvd.rank() == last and step == 5) for step in range(1, 11)]
     vote.finish()
     # A vote in flight when the job resets is dropped, not read on the new ring. (A real
-    # reset shuts Horovod down, which ends the dropped op; here it completes unread, so the
-    # steps after the 'reset' are named apart from it.)
-    vote.exchange(True, 11)
+    # reset shuts Horovod down, which ends the dropped op; here it completes unread, and the
+    # new ring's name, from its first step, keeps the next votes apart from it.)
+    vote.exchange(True)
     vote.reset()
-    after_reset = [vote.exchange(False, step) for step in (21, 22)]
+    vote.begin(21)
+    after_reset = [vote.exchange(False) for step in (21, 22)]
     vote.finish()
     return {"rank": hvd.rank(), "answers": answers, "after_reset": after_reset}
 
