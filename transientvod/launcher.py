@@ -240,15 +240,15 @@ CAPACITY_TIMEOUT = "Please check that you have enough resources to run at least"
 
 
 def run_horovodrun(argv: list[str]) -> tuple[int, bool]:
-    """Run horovodrun, passing its output through line by line; returns its exit code and
-    whether it gave up waiting for capacity (so the launcher can say so in one sentence)."""
+    """Run horovodrun, passing its stderr through line by line (its driver logs there);
+    returns its exit code and whether it gave up waiting for capacity (so the launcher can
+    say so in one sentence). Its stdout goes straight to ours."""
     capacity_timed_out = False
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=1, text=True,
-                          errors="replace") as proc:
-        for line in proc.stdout:
-            sys.stdout.write(line)
+    with subprocess.Popen(argv, stderr=subprocess.PIPE, bufsize=1, text=True, errors="replace") as proc:
+        for line in proc.stderr:
+            sys.stderr.write(line)
             capacity_timed_out = capacity_timed_out or CAPACITY_TIMEOUT in line
-        sys.stdout.flush()
+        sys.stderr.flush()
     return proc.returncode, capacity_timed_out
 
 
