@@ -118,9 +118,9 @@ class CommitVote:
     def begin(self, ring_step: int) -> None:
         """Call where every rank starts on a (re)formed ring, with the step all of them hold.
 
-        One name for the whole life of a ring: Horovod's response cache then knows the op
-        from the second step on and negotiates it with a bit, not a round of requests (a
-        new name every step made notices-on cost 13 ms a step on loopback). The ring's
+        One name for the whole life of a ring, so that Horovod's response cache can know the
+        op from the second step on. (With a new name every step, notices on cost 13 ms a
+        step on loopback; how much of that one name saves is not measured yet.) The ring's
         first step is in the name, equal on every rank, new or old, after the sync; a vote
         dropped by a reset can never share a name with one on the next ring."""
         self.reset()
