@@ -91,6 +91,21 @@ class Job:
         return max(steps, default=0)
 
 
+def run_probe(probe: str, world: int, *args: str) -> list[dict]:
+    """Run tests/<probe> under `horovodrun -np world` on this host; the JSON line each rank printed."""
+    horovodrun = str(Path(sys.executable).parent / "horovodrun")
+    done = subprocess.run([horovodrun, "-np", str(world), "-H", f"localhost:{world}", "--gloo",
+                           sys.executable, str(REPO / "tests" / probe), *args],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 0, explain(done)
+    rows = []
+    for line in done.stdout.splitlines():
+        _, _, text = line.partition(">:")
+        if text.startswith("{"):
+            rows.append(json.loads(text))
+    return rows
+
+
 def explain(done: subprocess.CompletedProcess) -> str:
     return f"exit {done.returncode}\n--- stdout ---\n{done.stdout[-4000:]}\n--- stderr ---\n{done.stderr[-6000:]}"
 

@@ -1,37 +1,19 @@
 """The gradient exchange across real ranks (`horovodrun`, Gloo): exactness and error bounds."""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO, explain
+from conftest import explain, run_probe
 
 pytestmark = pytest.mark.slow
-PROBE = str(REPO / "tests" / "exchange_probe.py")
 # Worst-case error of the average, as a multiple of the largest gradient magnitude: each rank's
 # rounding (half an ulp), plus the rounding of the sum on the wire (fp16 sums in fp16).
 BOUNDS = {"none": 1e-6, "fp16": 2.0 ** -10, "bf16": 2.0 ** -8, "int8": 2.0 / 127}
 
 
-def run_probe(world: int, *checks: str) -> list[dict]:
-    hosts = f"localhost:{world}"
-    done = subprocess.run([str(REPO / ".venv" / "bin" / "horovodrun") if (REPO / ".venv").exists() else "horovodrun",
-                           "-np", str(world), "-H", hosts, "--gloo", sys.executable, PROBE, *checks],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    rows = []
-    for line in done.stdout.splitlines():
-        _, _, text = line.partition(">:")
-        if text.startswith("{"):
-            rows.append(json.loads(text))
-    return rows
-
-
 def test_synchronous_exchange_is_bit_identical_to_distributed_optimizer():
-    rows = run_probe(2, "bitident")
+    rows = run_probe("exchange_probe.py", 2, "bitident")
     assert len(rows) == 2
     for row in rows:
         assert row["exchange"] == row["distributed_optimizer"], row
@@ -40,7 +22,7 @@ def test_synchronous_exchange_is_bit_identical_to_distributed_optimizer():
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_each_codec_averages_within_its_error_bound(world):
-    rows = run_probe(world, "average")
+    rows = run_probe("exchange_probe.py", world, "average")
     assert {r["codec"] for r in rows} == set(BOUNDS)
     for row in rows:
         assert row["world"] == world
@@ -49,7 +31,7 @@ def test_each_codec_averages_within_its_error_bound(world):
 
 
 def test_staleness_applies_the_gradient_of_s_steps_ago():
-    rows = run_probe(2, "stale")
+    rows = run_probe("exchange_probe.py", 2, "stale")
     for row in rows:
         s = row["staleness"]
         assert row["applied"] == [False] * s + [True] * (6 - s)

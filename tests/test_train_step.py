@@ -3,36 +3,16 @@ checkpoint in a job, the one-step-late notice vote. Real Horovod: single-process
 for the pieces, `horovodrun` (Gloo) for what needs two ranks."""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import REPO, explain
+from conftest import explain, run_probe
 from transientvod.checkpoint import LocalCheckpointStore
 from transientvod.config import config_from_yaml
 from transientvod.data import load_dataset
 from transientvod.models import build_model
 from transientvod.train import count_correct, evaluation_slice
-
-HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
-
-
-def run_probe(probe: str, world: int, *args: str) -> list[dict]:
-    done = subprocess.run([HOROVODRUN, "-np", str(world), "-H", f"localhost:{world}", "--gloo",
-                           sys.executable, str(REPO / "tests" / probe), *args],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert done.returncode == 0, explain(done)
-    rows = []
-    for line in done.stdout.splitlines():
-        _, _, text = line.partition(">:")
-        if text.startswith("{"):
-            rows.append(json.loads(text))
-    return rows
-
 
 # -- sharded evaluation -------------------------------------------------------------------------
 
