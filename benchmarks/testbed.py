@@ -2,25 +2,48 @@
 
     python benchmarks/testbed.py soak --minutes 10 --hogs 2     # no false failure, beside CPU hogs
     python benchmarks/testbed.py vanish --repeat 3 --hogs 2     # seconds from a vanish to training again
+    python benchmarks/testbed.py revocations                    # Horovod's defaults vs transientvod, real trace time
+    python benchmarks/testbed.py throughput                     # ResNet-32 steps/s by exchange and bandwidth
+    python benchmarks/testbed.py notices --repeat 3             # steps/s with notices on and off
 
-Each case makes its own testbed (4 hosts, each host's egress shaped with tbf), runs a job on
-its head with `transientvod train` (horovodrun over SSH), and takes the testbed down. The job
-is conftest's tiny one, ResNet-8 on the digits, with a 10 ms sleep per step as a stand-in for
-accelerator time; durable checkpoints every 50 steps. CPU hogs are busy Python processes that
-run beside the job for its whole length, as a loaded machine's other work would.
+Each case makes its own testbed (4 hosts, each host's egress shaped with tbf), runs jobs on
+its head with `transientvod train` (horovodrun over SSH), and takes the testbed down. Each
+step carries a sleep on every rank (TRANSIENTVOD_STEP_SECONDS), a stand-in for accelerator
+time that does not compete for this machine's two cores. CPU hogs are busy Python processes
+beside the job, as a loaded machine's other work would be.
 
-- soak: no host changes at all. Any reset (a collective timeout, an ssh keepalive giving up)
-  would be a false failure of the levers that make a vanished host cost seconds.
-- vanish: one host vanishes (no notice, no FIN or RST) once the job runs, `--repeat` times
-  on fresh testbeds; reports seconds from the vanish to the first sync at the smaller size
-  and the steps lost (at most `commit_every`).
+- soak: the tiny job (ResNet-8, width 4, digits), no host changes at all. Any reset (a
+  collective timeout, an ssh keepalive giving up) would be a false failure of the levers
+  that make a vanished host cost seconds.
+- vanish: one host vanishes (no notice, no FIN or RST) once the job runs, `--repeat` times on
+  fresh testbeds; seconds from the vanish to the first sync at the smaller size, steps lost.
+- revocations: benchmarks/traces/three_revocations.csv (three real revocation times of the
+  study's 4-K80 trace: 634.6 s, 785.7 s, 857.0 s) replayed at real time, each revoked host
+  vanishing at its revocation. Three runs of the same job: (a) as Horovod's elastic examples
+  run it: no notice, commit every 50 steps, Horovod's own 30 s Gloo timeout on every
+  collective; (a+) the same with transientvod's 5 s collective timeout; (b) transientvod with
+  notices (the host leaves at its 30 s notice, commits every step meanwhile). All three run
+  on this project's Horovod build, whose ssh keepalive lets the driver learn of a vanished
+  worker at all (without it a vanish hangs the job: issue 10).
+- throughput: ResNet-32 (0.46 M parameters, 1.86 MB of fp32 gradient) on the 8x8 digits,
+  batch 16 per worker, 4 hosts at 1gbit and at 100mbit: steps/s for synchronous training and
+  for staleness 2 with codec none, fp16 and int8, compressed from the first step.
+- notices: the tiny job on 4 shaped hosts with notices on (a replayed trace whose first notice
+  comes after the job; every step votes with an async allreduce) and off (no watcher),
+  alternating, `--repeat` times each. Goal: on within 2 % of off.
+
+steps/s leave out start-up: they are (last step - step 50) over the time between the two
+metrics rows. Job directories are kept under --out (log, events, metrics).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import multiprocessing
+import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -31,6 +54,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transientvod.testbed import cluster  # noqa: E402
 from transientvod.testbed.rehearsal import Rehearsal  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[1]
+TRACE = REPO / "benchmarks" / "traces" / "three_revocations.csv"
+REVOCATIONS = (634.633528, 785.749127, 857.013258)  # the trace's three workers, in trace seconds
 JOB = {
     "model": {"depth": 8, "width": 4},
     "data": {"batch_size": 16},
@@ -39,7 +65,16 @@ JOB = {
     "cluster": {"min_np": 2, "max_np": 4, "network_interface": "eth0"},
     "tracking": {"enabled": False},
 }
-STEP_SECONDS = "0.01"
+RESNET32 = {"depth": 32, "width": 16}
+MEASURED_FROM_STEP = 50  # steps/s leave out the start-up before this step
+HOROVOD_GLOO_TIMEOUT = "30"  # Horovod's default (HOROVOD_GLOO_TIMEOUT_SECONDS), on every collective
+
+
+def job_config(**sections) -> dict:
+    config = json.loads(json.dumps(JOB))
+    for section, values in sections.items():
+        config.setdefault(section, {}).update(values)
+    return config
 
 
 def hog(stop_at: float) -> None:
@@ -47,19 +82,33 @@ def hog(stop_at: float) -> None:
         sum(i * i for i in range(10000))
 
 
-def start_hogs(count: int, seconds: float) -> list[multiprocessing.Process]:
+@contextlib.contextmanager
+def hogs_running(count: int, seconds: float):
     procs = [multiprocessing.Process(target=hog, args=(time.time() + seconds,), daemon=True) for _ in range(count)]
     for proc in procs:
         proc.start()
-    return procs
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.terminate()
 
 
 @contextlib.contextmanager
-def keep_or_temporary(out: str, case: str):
+def testbed(name: str, hosts: int, bandwidth: str):
+    record = cluster.up(name, hosts, bandwidth)
+    try:
+        yield record
+    finally:
+        cluster.down(name)
+
+
+@contextlib.contextmanager
+def job_directory(out: str, case: str):
     """The job's directory: kept under --out (its log, events and metrics), else temporary."""
     if not out:
         with tempfile.TemporaryDirectory() as directory:
-            yield directory
+            yield Path(directory)
         return
     directory = Path(out) / case
     shutil.rmtree(directory, ignore_errors=True)
@@ -67,96 +116,242 @@ def keep_or_temporary(out: str, case: str):
     yield directory
 
 
-def job_env() -> dict:
-    import os
-    return {**os.environ, "TRANSIENTVOD_STEP_SECONDS": STEP_SECONDS, "MLFLOW_DISABLE_TELEMETRY": "true"}
+def job_env(step_seconds: float, **extra: str) -> dict:
+    return {**os.environ, "TRANSIENTVOD_STEP_SECONDS": f"{step_seconds:g}", "MLFLOW_DISABLE_TELEMETRY": "true",
+            **extra}
 
+
+def run_job(job: Rehearsal, discovery: str | None, env: dict, timeout: float) -> tuple[int, float]:
+    """Start the job and wait for it: its exit code and wall time."""
+    started = time.monotonic()
+    job.start(discovery, env=env)
+    code = job.wait(timeout=timeout)
+    return code, time.monotonic() - started
+
+
+def run_to_end(job: Rehearsal, discovery: str | None, env: dict, timeout: float) -> float:
+    """The job's wall time; a failed job ends the benchmark with its log."""
+    code, wall = run_job(job, discovery, env, timeout)
+    if code != 0:
+        print(job.log())
+        raise SystemExit(f"{job.run_dir.name}: the job failed (exit {code})")
+    return wall
+
+
+def why_it_failed(job: Rehearsal) -> str:
+    """The last line of its log that says why a job stopped."""
+    reasons = [line for line in job.log_path.read_text(errors="replace").splitlines()
+               if "timeout" in line.lower() or "failure count" in line or "transientvod: the job" in line]
+    return reasons[-1].strip()[-160:] if reasons else f"see {job.log_path}"
+
+
+def steps_per_second(job: Rehearsal) -> float:
+    rows = [r for r in job.rows("metrics.jsonl") if "time" in r and r["step"] >= MEASURED_FROM_STEP]
+    first, last = rows[0], rows[-1]
+    return (last["step"] - first["step"]) / (last["time"] - first["time"])
+
+
+# -- soak and vanish ---------------------------------------------------------------------------
 
 def soak(args) -> None:
-    name = "tvdsoak"
-    record = cluster.up(name, args.hosts, args.bandwidth)
-    hogs = []
-    try:
-        with keep_or_temporary(args.out, "soak") as directory:
-            # Steps for about the soak's length, at the rate measured here beside two hogs.
-            config = {**JOB, "train": {**JOB["train"], "steps": int(args.minutes * 60 * args.steps_per_second)}}
-            job = Rehearsal(record, Path(directory), "soak", config)
-            hogs = start_hogs(args.hogs, args.minutes * 60 * 3)
-            started = time.monotonic()
-            job.start(job.cloud_hosts(), env=job_env())
-            code = job.wait(timeout=args.minutes * 60 * 3)
-            wall = time.monotonic() - started
-            if code != 0:
-                print(job.log())
-                raise SystemExit(f"soak: the job failed (exit {code}) after {wall:.0f} s")
-            summary = job.summary()
-            resets = sum(1 for e in job.synced() if e["rank"] == 0) - 1  # every (re)start syncs
-            checkpoints = job.log_path.read_text().count("saved checkpoint")
-            print(f"soak: {args.hosts} hosts at {args.bandwidth}, {args.hogs} CPU hogs, wall {wall:.0f} s, "
-                  f"{summary['steps']} steps ({summary['steps'] / wall:.1f} steps/s incl. start-up), "
-                  f"{checkpoints} durable checkpoints, world sizes {summary['world_sizes_seen']}, "
-                  f"resets {resets}, revocations {summary['revocations_survived']}, "
-                  f"steps lost {summary['steps_lost']}")
-    finally:
-        for proc in hogs:
-            proc.terminate()
-        cluster.down(name)
+    steps = int(args.minutes * 60 * args.steps_per_second)  # about the soak's length, at the rate measured here
+    with testbed("tvdsoak", args.hosts, args.bandwidth) as record, job_directory(args.out, "soak") as directory, \
+            hogs_running(args.hogs, args.minutes * 60 * 3):
+        job = Rehearsal(record, directory, "soak", job_config(train={"steps": steps}))
+        wall = run_to_end(job, job.cloud_hosts(), job_env(args.step_seconds), timeout=args.minutes * 60 * 3)
+        summary = job.summary()
+        resets = sum(1 for e in job.synced() if e["rank"] == 0) - 1  # every (re)start syncs
+        checkpoints = job.log_path.read_text().count("saved checkpoint")
+        print(f"soak: {args.hosts} hosts at {args.bandwidth}, {args.hogs} CPU hogs, wall {wall:.0f} s, "
+              f"{summary['steps']} steps ({summary['steps'] / wall:.1f} steps/s incl. start-up), "
+              f"{checkpoints} durable checkpoints, world sizes {summary['world_sizes_seen']}, "
+              f"resets {resets}, revocations {summary['revocations_survived']}, "
+              f"steps lost {summary['steps_lost']}")
 
 
 def vanish(args) -> None:
     rows = []
     for attempt in range(args.repeat):
-        name = f"tvdvan{attempt}"
-        record = cluster.up(name, args.hosts, args.bandwidth)
-        hogs = []
-        try:
-            with keep_or_temporary(args.out, f"vanish-{attempt + 1}") as directory:
-                config = {**JOB, "train": {**JOB["train"], "steps": 600}}
-                job = Rehearsal(record, Path(directory), "vanish", config)
-                hogs = start_hogs(args.hogs, 600)
-                job.start(job.cloud_hosts(), env=job_env())
-                job.wait_for_step(100, timeout=300)
-                victim = record.layout.hosts[-1].name
-                vanished_at = time.time()
-                cluster.vanish(name, victim)
-                code = job.wait(timeout=600)
-                if code != 0:
-                    print(job.log())
-                    raise SystemExit(f"vanish: the job failed (exit {code})")
-                summary = job.summary()
-                resumed = job.first_sync_at_size(args.hosts - 1, vanished_at)
-                rows.append((attempt + 1, resumed["time"] - vanished_at if resumed else float("nan"),
-                             summary["steps_lost"], summary["world_sizes_seen"]))
-                print(f"vanish {attempt + 1}: training at size {args.hosts - 1} after "
-                      f"{rows[-1][1]:.1f} s; {rows[-1][2]} steps lost; sizes {rows[-1][3]}", flush=True)
-        finally:
-            for proc in hogs:
-                proc.terminate()
-            cluster.down(name)
-    seconds = sorted(r[1] for r in rows)
+        with testbed(f"tvdvan{attempt}", args.hosts, args.bandwidth) as record, \
+                job_directory(args.out, f"vanish-{attempt + 1}") as directory, hogs_running(args.hogs, 600):
+            job = Rehearsal(record, directory, "vanish", job_config(train={"steps": 600}))
+            job.start(job.cloud_hosts(), env=job_env(args.step_seconds))
+            job.wait_for_step(100, timeout=300)
+            vanished_at = time.time()
+            cluster.vanish(record.name, record.layout.hosts[-1].name)
+            if (code := job.wait(timeout=600)) != 0:
+                print(job.log())
+                raise SystemExit(f"vanish: the job failed (exit {code})")
+            summary = job.summary()
+            resumed = job.first_sync_at_size(args.hosts - 1, vanished_at)
+            rows.append((resumed["time"] - vanished_at if resumed else float("nan"), summary["steps_lost"]))
+            print(f"vanish {attempt + 1}: training at size {args.hosts - 1} after {rows[-1][0]:.1f} s; "
+                  f"{rows[-1][1]} steps lost; sizes {summary['world_sizes_seen']}", flush=True)
+    seconds = sorted(r[0] for r in rows)
     print(f"vanish: {args.hosts} hosts at {args.bandwidth}, {args.hogs} CPU hogs: recovery "
           f"{', '.join(f'{s:.1f}' for s in seconds)} s (median {seconds[len(seconds) // 2]:.1f}); "
-          f"steps lost {[r[2] for r in rows]}")
+          f"steps lost {[r[1] for r in rows]}")
+
+
+# -- revocations: Horovod's defaults against transientvod, at the trace's own time ---------------
+
+REVOCATION_RUNS = {
+    # name: (label, notices, extra environment)
+    "a": ("(a) horovod defaults, no notice", False, {"HOROVOD_GLOO_OP_TIMEOUT_SECONDS": HOROVOD_GLOO_TIMEOUT}),
+    "a+": ("(a+) 5 s collectives, no notice", False, {}),
+    "b": ("(b) transientvod, notices", True, {}),
+}
+
+
+def revocation_delays(job: Rehearsal) -> list[float]:
+    """For each revocation, seconds from it to rank 0's first sync at the size left after it
+    (negative: the job trained at that size before the server vanished)."""
+    hosts = json.loads((job.run_dir / "hosts.json").read_text())["hosts"]
+    revoked = sorted((h for h in hosts if h["state"] == "gone"), key=lambda h: h["terminate_at"])
+    synced = [e for e in job.synced() if e["rank"] == 0]
+    delays = []
+    for gone, host in enumerate(revoked, start=1):
+        times = [e["time"] for e in synced if e["size"] <= len(REVOCATIONS) + 1 - gone]
+        delays.append(min(times) - host["terminate_at"] if times else float("nan"))
+    return delays
+
+
+def revocations(args) -> None:
+    print(f"revocations: {len(REVOCATIONS) + 1} hosts at {args.bandwidth}, trace at real time (x1), "
+          f"{args.steps} steps, commit every {args.commit_every}, {1000 * args.step_seconds:.0f} ms per step", flush=True)
+    results, failures = {}, {}
+    for key in args.runs.split(","):
+        label, notices, extra_env = REVOCATION_RUNS[key]
+        with testbed("tvdrev", len(REVOCATIONS) + 1, args.bandwidth) as record, \
+                job_directory(args.out, f"revocations-{key}") as directory:
+            hosts = ",".join(h.name for h in record.layout.hosts)
+            config = job_config(
+                train={"steps": args.steps, "commit_every": args.commit_every,
+                       "checkpoint_every": args.commit_every * 10},
+                cluster={"min_np": 1, "max_np": 4, "elastic_timeout": 120},
+                spot={"provider": "trace", "trace": str(TRACE), "trace_run": "1", "time_scale": 1.0,
+                      # 40 trace seconds before the first notice: every run starts alike.
+                      "start_at": REVOCATIONS[0] - 30 - 40, "poll_seconds": 0.25, "notices": notices,
+                      "hosts": hosts, "revoke": f"vanish:{record.name}"},
+                notices={"poll_seconds": 0.5})
+            job = Rehearsal(record, directory, "revocations", config)
+            code, wall = run_job(job, None, job_env(args.step_seconds, **extra_env), timeout=3600)
+            if code != 0:
+                failures[key] = f"{label:<34} FAILED at step {job.last_step()} after {wall:.0f} s: {why_it_failed(job)}"
+                print(failures[key], flush=True)
+                continue
+            summary = job.summary()
+            results[key] = (label, wall, summary, revocation_delays(job))
+            print(f"{label}: wall {wall:.0f} s, lost {summary['steps_lost']}, sizes {summary['world_sizes_seen']}",
+                  flush=True)
+    print(f"{'run':<34} {'wall s':>7} {'lost steps':>10}  {'revocation -> new size (s)':<28} sizes")
+    print("\n".join(failures.values()))
+    for label, wall, summary, delays in results.values():
+        shown = ", ".join(f"{d:+.1f}" for d in delays)
+        print(f"{label:<34} {wall:>7.0f} {summary['steps_lost']:>10}  {shown:<28} "
+              f"{'>'.join(map(str, summary['world_sizes_seen']))}")
+    if "a" in results and "b" in results:
+        stalled = {k: sum(d for d in r[3] if d > 0) for k, r in results.items()}
+        print(f"(b)/(a) wall time {results['b'][1] / results['a'][1]:.2f}; seconds stalled after revocations: "
+              + ", ".join(f"({k}) {s:.1f}" for k, s in stalled.items()))
+
+
+# -- throughput and notices ----------------------------------------------------------------------
+
+EXCHANGES = {
+    "sync": {"staleness": 0, "codec": "none"},
+    "s=2 none": {"staleness": 2, "codec": "none"},
+    "s=2 fp16": {"staleness": 2, "codec": "fp16", "compress_after": 0.0},
+    "s=2 int8": {"staleness": 2, "codec": "int8", "compress_after": 0.0},
+}
+
+
+def throughput(args) -> None:
+    table = {}
+    for bandwidth in args.bandwidths.split(","):
+        with testbed("tvdput", args.hosts, bandwidth) as record:
+            for label, exchange in EXCHANGES.items():
+                case = f"throughput-{bandwidth}-{label.replace('=', '').replace(' ', '-')}"
+                with job_directory(args.out, case) as directory:
+                    config = job_config(model=RESNET32, exchange=exchange,
+                                        train={"steps": args.steps, "commit_every": 50, "checkpoint_every": args.steps},
+                                        cluster={"min_np": args.hosts, "max_np": args.hosts})
+                    job = Rehearsal(record, directory, "throughput", config)
+                    run_to_end(job, job.cloud_hosts(), job_env(args.step_seconds), timeout=1800)
+                    table[(bandwidth, label)] = steps_per_second(job)
+                    print(f"{bandwidth} {label}: {table[(bandwidth, label)]:.2f} steps/s", flush=True)
+    print(f"ResNet-32 on {args.hosts} hosts, batch 16/worker, {1000 * args.step_seconds:.0f} ms per step; steps/s "
+          f"(ratio to sync)")
+    print(f"{'bandwidth':<10}" + "".join(f"{label:>18}" for label in EXCHANGES))
+    for bandwidth in args.bandwidths.split(","):
+        sync = table[(bandwidth, "sync")]
+        print(f"{bandwidth:<10}" + "".join(f"{table[(bandwidth, label)]:>10.2f} ({table[(bandwidth, label)] / sync:.2f}x)"
+                                          for label in EXCHANGES))
+
+
+def notices(args) -> None:
+    rates = {"off": [], "on": []}
+    with testbed("tvdnote", args.hosts, args.bandwidth) as record:
+        hosts = ",".join(h.name for h in record.layout.hosts)
+        for attempt in range(args.repeat):
+            for mode in ("off", "on"):
+                with job_directory(args.out, f"notices-{mode}-{attempt + 1}") as directory:
+                    config = job_config(train={"steps": args.steps, "commit_every": 50, "checkpoint_every": 500})
+                    discovery = None
+                    if mode == "on":  # the trace's first notice comes at 604 s, after this job
+                        config["spot"] = {"provider": "trace", "trace": str(TRACE), "trace_run": "1",
+                                          "time_scale": 1.0, "hosts": hosts}
+                        config["cluster"].update(min_np=args.hosts, max_np=args.hosts)
+                    job = Rehearsal(record, directory, "notices", config)
+                    if mode == "off":
+                        discovery = job.cloud_hosts()
+                    run_to_end(job, discovery, job_env(args.step_seconds), timeout=1800)
+                    if mode == "on" and "hosts changed" in job.log_path.read_text():
+                        raise SystemExit("notices: the replay changed the hosts during the job; shorten --steps")
+                    rates[mode].append(steps_per_second(job))
+                    print(f"notices {mode} {attempt + 1}: {rates[mode][-1]:.2f} steps/s", flush=True)
+    off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
+    print(f"notices: {args.hosts} hosts at {args.bandwidth}, {args.steps} steps, {1000 * args.step_seconds:.0f} ms "
+          f"per step: off {', '.join(f'{r:.2f}' for r in rates['off'])} steps/s (median {off:.2f}); "
+          f"on {', '.join(f'{r:.2f}' for r in rates['on'])} (median {on:.2f}); on/off {on / off:.3f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="case", required=True)
-    for case in ("soak", "vanish"):
+    cases = {"soak": soak, "vanish": vanish, "revocations": revocations, "throughput": throughput,
+             "notices": notices}
+    for case in cases:
         p = sub.add_parser(case)
         p.add_argument("--hosts", type=int, default=4)
-        p.add_argument("--bandwidth", default="100mbit")
-        p.add_argument("--hogs", type=int, default=2, help="busy CPU processes beside the job")
+        p.add_argument("--hogs", type=int, default=2 if case in ("soak", "vanish") else 0,
+                       help="busy CPU processes beside the job")
         p.add_argument("--out", default="runs/testbed-bench", help="keep each job's directory here ('' to not)")
+        p.add_argument("--step-seconds", type=float, default=0.03 if case == "revocations" else 0.01,
+                       help="sleep per step on every rank, a stand-in for accelerator time")
+        if case == "throughput":
+            p.add_argument("--bandwidths", default="1gbit,100mbit")
+            p.add_argument("--steps", type=int, default=250)
+        else:
+            p.add_argument("--bandwidth", default="1gbit" if case == "revocations" else "100mbit")
         if case == "soak":
             p.add_argument("--minutes", type=float, default=10.0)
             p.add_argument("--steps-per-second", type=float, default=12.0,
                            help="to size the job to --minutes (measured beside 2 hogs here)")
-        else:
+        elif case == "vanish":
             p.add_argument("--repeat", type=int, default=3)
+        elif case == "revocations":
+            p.add_argument("--runs", default="a,a+,b", help=f"which of {', '.join(REVOCATION_RUNS)}, in order")
+            p.add_argument("--steps", type=int, default=6000)
+            p.add_argument("--commit-every", type=int, default=50)
+        elif case == "notices":
+            p.add_argument("--repeat", type=int, default=3)
+            p.add_argument("--steps", type=int, default=1500)
     args = parser.parse_args()
+    if args.case == "revocations" and not set(args.runs.split(",")) <= set(REVOCATION_RUNS):
+        parser.error(f"--runs takes {', '.join(REVOCATION_RUNS)} (comma-separated), not {args.runs!r}")
     cluster.preflight()
-    {"soak": soak, "vanish": vanish}[args.case](args)
+    cases[args.case](args)
 
 
 if __name__ == "__main__":

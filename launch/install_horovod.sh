@@ -14,7 +14,8 @@
 # launch/horovod-0.28.1-transient.patch makes Horovod hold on a real network (see its comments):
 # process sets use HOROVOD_GLOO_IFACE (else Gloo resolves the hostname, often to loopback, and
 # the ring cannot form); HOROVOD_GLOO_OP_TIMEOUT_SECONDS bounds collectives apart from the
-# rendezvous; and horovodrun's ssh sends keepalives, so a vanished host is noticed in seconds.
+# rendezvous; horovodrun's ssh sends keepalives, so a vanished host is noticed in seconds; and
+# the elastic driver's message to a vanished coordinator neither waits minutes nor holds its lock.
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
