@@ -17,6 +17,7 @@ beside the job, as a loaded machine's other work would be.
   that make a vanished host cost seconds.
 - vanish: one host vanishes (no notice, no FIN or RST) once the job runs, `--repeat` times on
   fresh testbeds; seconds from the vanish to the first sync at the smaller size, steps lost.
+  `--victim rank0` vanishes rank 0's host; `--lag 0` has discovery drop it at once.
 - revocations: benchmarks/traces/three_revocations.csv (three real revocation times of the
   study's 4-K80 trace: 634.6 s, 785.7 s, 857.0 s) replayed at real time, each revoked host
   vanishing at its revocation. Three runs of the same job: (a) as Horovod's elastic examples
@@ -175,20 +176,23 @@ def vanish(args) -> None:
         with testbed(f"tvdvan{attempt}", args.hosts, args.bandwidth) as record, \
                 job_directory(args.out, f"vanish-{attempt + 1}") as directory, hogs_running(args.hogs, 600):
             job = Rehearsal(record, directory, "vanish", job_config(train={"steps": 600}))
-            job.start(job.cloud_hosts(), env=job_env(args.step_seconds))
+            job.start(job.cloud_hosts(args.lag), env=job_env(args.step_seconds))
             job.wait_for_step(100, timeout=300)
+            victim = job.rank0_host() if args.victim == "rank0" else \
+                next(h.name for h in reversed(record.layout.hosts) if h.name != job.rank0_host())
             vanished_at = time.time()
-            cluster.vanish(record.name, record.layout.hosts[-1].name)
+            cluster.vanish(record.name, victim)
             if (code := job.wait(timeout=600)) != 0:
                 print(job.log())
                 raise SystemExit(f"vanish: the job failed (exit {code})")
             summary = job.summary()
             resumed = job.first_sync_at_size(args.hosts - 1, vanished_at)
             rows.append((resumed["time"] - vanished_at if resumed else float("nan"), summary["steps_lost"]))
-            print(f"vanish {attempt + 1}: training at size {args.hosts - 1} after {rows[-1][0]:.1f} s; "
+            print(f"vanish {attempt + 1} ({args.victim}'s host): training at size {args.hosts - 1} after {rows[-1][0]:.1f} s; "
                   f"{rows[-1][1]} steps lost; sizes {summary['world_sizes_seen']}", flush=True)
     seconds = sorted(r[0] for r in rows)
-    print(f"vanish: {args.hosts} hosts at {args.bandwidth}, {args.hogs} CPU hogs: recovery "
+    print(f"vanish: {args.hosts} hosts at {args.bandwidth}, {args.hogs} CPU hogs, {args.victim}'s host, discovery "
+          f"{args.lag:g} s late: recovery "
           f"{', '.join(f'{s:.1f}' for s in seconds)} s (median {seconds[len(seconds) // 2]:.1f}); "
           f"steps lost {[r[1] for r in rows]}")
 
@@ -245,7 +249,8 @@ def revocations(args) -> None:
             print(f"{label}: wall {wall:.0f} s, lost {summary['steps_lost']}, sizes {summary['world_sizes_seen']}",
                   flush=True)
     print(f"{'run':<34} {'wall s':>7} {'lost steps':>10}  {'revocation -> new size (s)':<28} sizes")
-    print("\n".join(failures.values()))
+    for line in failures.values():
+        print(line)
     for label, wall, summary, delays in results.values():
         shown = ", ".join(f"{d:+.1f}" for d in delays)
         print(f"{label:<34} {wall:>7.0f} {summary['steps_lost']:>10}  {shown:<28} "
@@ -340,6 +345,9 @@ def main() -> None:
                            help="to size the job to --minutes (measured beside 2 hogs here)")
         elif case == "vanish":
             p.add_argument("--repeat", type=int, default=3)
+            p.add_argument("--victim", choices=("worker", "rank0"), default="worker",
+                           help="whose host vanishes: a worker's, or rank 0's (the driver's coordinator)")
+            p.add_argument("--lag", type=float, default=5.0, help="seconds discovery lags behind the vanish")
         elif case == "revocations":
             p.add_argument("--runs", default="a,a+,b", help=f"which of {', '.join(REVOCATION_RUNS)}, in order")
             p.add_argument("--steps", type=int, default=6000)
