@@ -19,10 +19,10 @@ import boto3
 import pytest
 import torch
 
-from transientvod import checkpoint_s3
+from transientvod.checkpoint import s3 as checkpoint_s3
 from conftest import free_port, moto_aws
 from transientvod.checkpoint import Checkpoint, CheckpointError, LocalCheckpointStore, open_store
-from transientvod.checkpoint_s3 import S3CheckpointStore
+from transientvod.checkpoint.s3 import S3CheckpointStore
 
 BUCKET = "transientvod-checkpoints"
 CONFIG_YAML = "train:\n  steps: 400\n  commit_every: 20\nmodel:\n  depth: 8\n"
@@ -47,7 +47,7 @@ def assert_one_sentence(message: str) -> None:
 
 def s3_warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records
-            if r.levelno == logging.WARNING and r.name == "transientvod.checkpoint_s3"]
+            if r.levelno == logging.WARNING and r.name.startswith("transientvod.checkpoint")]
 
 
 class ErrorInjectingProxy:
@@ -257,7 +257,7 @@ def test_corrupted_newest_checkpoint_is_skipped_with_a_warning_naming_its_uri(mo
     damaged[len(damaged) // 2] ^= 0xFF  # same length: only the checksum can tell
     s3.put_object(Bucket=BUCKET, Key=key, Body=bytes(damaged))
 
-    with caplog.at_level(logging.WARNING, logger="transientvod.checkpoint_s3"):
+    with caplog.at_level(logging.WARNING, logger="transientvod.checkpoint"):
         loaded = store.load_latest()
 
     assert loaded.step == 100
@@ -274,7 +274,7 @@ def test_step_without_manifest_is_ignored_and_pruned_once_older_than_every_kept_
     for step in (50, 300):  # a writer died before the manifest, or is still writing
         s3.put_object(Bucket=BUCKET, Key=f"{prefix}/step-{step:09d}/state.pt", Body=b"partial")
 
-    with caplog.at_level(logging.WARNING, logger="transientvod.checkpoint_s3"):
+    with caplog.at_level(logging.WARNING, logger="transientvod.checkpoint"):
         assert store.steps() == [100]
         assert store.load_latest().step == 100
     assert s3_warnings(caplog) == []
