@@ -144,18 +144,22 @@ def truncate(backend, name: str) -> None:
     backend.write(name, data[: len(data) // 2])
 
 
+def edit_manifest(backend, step: str, old: bytes, new: bytes) -> None:
+    manifest = backend.read(f"{step}/manifest.json")
+    assert old in manifest
+    backend.write(f"{step}/manifest.json", manifest.replace(old, new))
+
+
 CORRUPTIONS = {
     "flipped state.pt": (lambda b, step: flip_bytes(b, f"{step}/state.pt"), "sha256"),
     "truncated state.pt": (lambda b, step: truncate(b, f"{step}/state.pt"), "bytes"),
     "truncated config.yaml": (lambda b, step: truncate(b, f"{step}/config.yaml"), "bytes"),
     "deleted state.pt": (lambda b, step: b.delete(f"{step}/state.pt"), "state.pt is missing"),
     "garbled manifest": (lambda b, step: b.write(f"{step}/manifest.json", b"{not json"), "unreadable"),
-    "manifest of another step": (
-        lambda b, step: b.write(f"{step}/manifest.json", b.read(f"{step}/manifest.json").replace(b'"step": 200', b'"step": 201')),
-        "is of step 201, not 200"),
-    "manifest of an unknown format": (
-        lambda b, step: b.write(f"{step}/manifest.json", b.read(f"{step}/manifest.json").replace(b'"format": 1', b'"format": 2')),
-        "has format 2; this version reads format 1"),
+    "manifest of another step": (lambda b, step: edit_manifest(b, step, b'"step": 200', b'"step": 201'),
+                                 "is of step 201, not 200"),
+    "manifest of an unknown format": (lambda b, step: edit_manifest(b, step, b'"format": 1', b'"format": 2'),
+                                      "has format 2; this version reads format 1"),
 }
 
 

@@ -14,7 +14,13 @@ import shutil
 import time
 from pathlib import Path
 
-from transientvod.checkpoint.format import LATEST_FILE, MANIFEST_FILE, CheckpointError, CorruptCheckpoint, step_of_dir_name
+from transientvod.checkpoint.format import (
+    LATEST_FILE,
+    MANIFEST_FILE,
+    CheckpointError,
+    CorruptCheckpoint,
+    step_of_dir_name,
+)
 from transientvod.checkpoint.store import STALE_TEMP_SECONDS, CheckpointStore
 
 log = logging.getLogger(__name__)

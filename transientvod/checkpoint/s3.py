@@ -38,7 +38,13 @@ from botocore.exceptions import (
     PartialCredentialsError,
 )
 
-from transientvod.checkpoint.format import LATEST_FILE, MANIFEST_FILE, CheckpointError, CorruptCheckpoint, step_of_dir_name
+from transientvod.checkpoint.format import (
+    LATEST_FILE,
+    MANIFEST_FILE,
+    CheckpointError,
+    CorruptCheckpoint,
+    step_of_dir_name,
+)
 from transientvod.checkpoint.store import STALE_TEMP_SECONDS, CheckpointStore
 
 log = logging.getLogger(__name__)

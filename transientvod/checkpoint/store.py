@@ -8,6 +8,7 @@ One writer at a time per store (rank 0 of one job); readers may look at any time
 from __future__ import annotations
 
 import abc
+import functools
 import logging
 import threading
 import time
@@ -103,7 +104,7 @@ class CheckpointStore(abc.ABC):
             for step, name in self._candidates():
                 location = self._step_location(name)
                 try:
-                    state, config_yaml = decode_checkpoint(step, lambda file_name, n=name: self._read_file(n, file_name))
+                    state, config_yaml = decode_checkpoint(step, functools.partial(self._read_file, name))
                 except CorruptCheckpoint as e:
                     log.warning("checkpoint %s is corrupted (%s); skipping it", location, e)
                     continue
@@ -165,8 +166,8 @@ class CheckpointStore(abc.ABC):
 
     @abc.abstractmethod
     def _read_file(self, name: str, file_name: str) -> bytes:
-        """The bytes of `file_name` in step directory `name`; FileNotFoundError if it is
-        missing, CorruptCheckpoint if it cannot be read for another reason of its own."""
+        """The bytes of `file_name` in step directory `name`. Raises FileNotFoundError if it
+        is missing, CorruptCheckpoint if the storage itself says its bytes are unusable."""
 
     @abc.abstractmethod
     def _write_step(self, name: str, files: dict[str, bytes]) -> None:
