@@ -137,7 +137,7 @@ def test_write_error_is_raised_by_wait_and_by_the_next_submit_as_one_sentence(tm
     store = LocalCheckpointStore(root)
     writer = BackgroundCheckpointWriter(store)
     root.rmdir()
-    root.write_text("replaced by a file")  # as in test_checkpoint: root cannot stop a chmod
+    root.write_text("replaced by a file")  # as in checkpoint/test_local: root cannot stop a chmod
     writer.submit(100, training_state(100), CONFIG_YAML)
     with pytest.raises(CheckpointError, match=str(root)) as raised:
         writer.wait(timeout=60)
@@ -150,10 +150,10 @@ def test_write_error_is_raised_by_wait_and_by_the_next_submit_as_one_sentence(tm
 KILLED_MID_WRITE = """
 import sys, time
 import torch
-from transientvod import checkpoint
+from transientvod.checkpoint import local
 from transientvod.checkpoint_writer import BackgroundCheckpointWriter
 
-write_durably = checkpoint._write_durably
+write_durably = local._write_durably
 def stalled_write(path, data):
     if path.name == "state.pt":
         with open(path, "wb") as f:  # half the bytes, then the disk is 'slow'
@@ -162,9 +162,9 @@ def stalled_write(path, data):
         print("writing", flush=True)
         time.sleep(600)  # the test kills the process here
     write_durably(path, data)
-checkpoint._write_durably = stalled_write
+local._write_durably = stalled_write
 
-writer = BackgroundCheckpointWriter(checkpoint.LocalCheckpointStore(sys.argv[1]))
+writer = BackgroundCheckpointWriter(local.LocalCheckpointStore(sys.argv[1]))
 writer.submit(200, {"weights": torch.randn(1 << 20), "step": 200}, "killed: true\\n")
 for step in range(201, 100000):  # the training thread goes on while the write stalls
     print(f"step {step}", flush=True)
@@ -208,7 +208,7 @@ def moto_endpoint(tmp_path_factory):
 
 
 def test_background_write_to_s3_round_trips_and_a_lost_bucket_is_one_sentence(moto_endpoint):
-    from transientvod.checkpoint_s3 import S3CheckpointStore
+    from transientvod.checkpoint.s3 import S3CheckpointStore
 
     s3 = boto3.session.Session().client("s3", endpoint_url=moto_endpoint)
     s3.create_bucket(Bucket="writer-test")

@@ -1,5 +1,5 @@
 """Durable checkpoints in S3 (or any S3-compatible object store): the same bytes as
-LocalCheckpointStore, as objects::
+LocalCheckpointStore (the layout: format.py), as objects::
 
     s3://bucket/prefix/step-000000200/state.pt
     s3://bucket/prefix/step-000000200/config.yaml
@@ -22,7 +22,6 @@ from __future__ import annotations
 import io
 import logging
 import os
-import threading
 import time
 import urllib.parse
 
@@ -39,19 +38,14 @@ from botocore.exceptions import (
     PartialCredentialsError,
 )
 
-from transientvod.checkpoint import (
+from transientvod.checkpoint.format import (
     LATEST_FILE,
     MANIFEST_FILE,
-    STALE_TEMP_SECONDS,
-    Checkpoint,
     CheckpointError,
-    CheckpointStore,
     CorruptCheckpoint,
-    decode_checkpoint,
-    encode_checkpoint,
-    step_dir_name,
     step_of_dir_name,
 )
+from transientvod.checkpoint.store import STALE_TEMP_SECONDS, CheckpointStore
 
 log = logging.getLogger(__name__)
 
@@ -74,24 +68,22 @@ _DELETE_BATCH = 1000  # the most keys one DeleteObjects request takes
 class S3CheckpointStore(CheckpointStore):
     """Checkpoints under an s3://bucket/prefix URI."""
 
+    steps_appear_whole = False  # S3 has no rename: a step without its manifest is being written
+    storage_errors = (ClientError, BotoCoreError)
+
     def __init__(self, uri: str, keep_last: int = 3, endpoint_url: str | None = None,
                  multipart_threshold: int = 64 * 2**20, multipart_chunksize: int = 16 * 2**20,
                  client=None):
-        if keep_last < 1:
-            raise ValueError(f"keep_last is {keep_last}; it must be at least 1 so that a job can resume.")
+        super().__init__(keep_last)
         self.bucket, prefix = _parse_s3_uri(uri)
         # Keys are "<prefix>/step-.../state.pt"; with no prefix they start at the bucket's root.
         self._key_prefix = f"{prefix}/" if prefix else ""
         self._uri = f"s3://{self.bucket}/{prefix}" if prefix else f"s3://{self.bucket}"
-        self.keep_last = keep_last
         # "classic": the CRT client that boto3 picks on some GPU instance types ignores the
         # client's retry configuration.
         self.transfer_config = TransferConfig(multipart_threshold=multipart_threshold,
                                               multipart_chunksize=multipart_chunksize,
                                               preferred_transfer_client="classic")
-        # The revocation-notice watcher may ask for a checkpoint while the training loop
-        # writes its periodic one.
-        self._save_lock = threading.Lock()
         self.client = client if client is not None else self._make_client(endpoint_url)
         self._check_bucket()
 
@@ -123,9 +115,9 @@ class S3CheckpointStore(CheckpointStore):
             if _error_code(e) in ("404", "NoSuchBucket"):
                 raise CheckpointError(f"S3 bucket '{self.bucket}' does not exist; "
                                       f"create it or fix checkpoint.dir.") from None
-            raise self._error(e, "cannot be opened") from None
+            raise self._failure(e, "cannot be opened") from None
         except BotoCoreError as e:
-            raise self._error(e, "cannot be opened") from None
+            raise self._failure(e, "cannot be opened") from None
 
     @property
     def location(self) -> str:
@@ -136,26 +128,15 @@ class S3CheckpointStore(CheckpointStore):
 
     # -- writing ---------------------------------------------------------------------------
 
-    def save(self, step: int, state: dict, config_yaml: str) -> str:
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"step is {step!r}; it must be an int of at least 0.")
-        files = encode_checkpoint(step, state, config_yaml)
-        name = step_dir_name(step)
-        started = time.monotonic()
-        with self._save_lock:
-            try:
-                # A re-save of a step loses the old manifest first, so that no reader pairs it
-                # with new state bytes: meanwhile the step is incomplete, not corrupted.
-                self.client.delete_object(Bucket=self.bucket, Key=self._key(name, MANIFEST_FILE))
-                for file_name, data in files.items():  # manifest.json last
-                    self._upload(self._key(name, file_name), data)
-                self._upload(self._key_prefix + LATEST_FILE, f"{name}\n".encode("ascii"))
-            except (ClientError, BotoCoreError) as e:
-                raise self._error(e, "cannot be written") from None
-            self._prune(keep_step=step)
-        log.info("saved checkpoint %s (step %d, %.1f MB) in %.1f s", self._step_uri(name), step,
-                 sum(len(data) for data in files.values()) / 1e6, time.monotonic() - started)
-        return self._step_uri(name)
+    def _write_step(self, name: str, files: dict[str, bytes]) -> None:
+        # A re-save of a step loses the old manifest first, so that no reader pairs it with
+        # new state bytes: meanwhile the step is incomplete, not corrupted.
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(name, MANIFEST_FILE))
+        for file_name, data in files.items():  # manifest.json last
+            self._upload(self._key(name, file_name), data)
+
+    def _write_latest(self, data: bytes) -> None:
+        self._upload(self._key_prefix + LATEST_FILE, data)
 
     def _upload(self, key: str, data: bytes) -> None:
         # Managed transfer: above multipart_threshold it becomes a parallel multipart upload,
@@ -163,21 +144,10 @@ class S3CheckpointStore(CheckpointStore):
         self.client.upload_fileobj(io.BytesIO(data), self.bucket, key, Config=self.transfer_config)
 
     def _prune(self, keep_step: int) -> None:
-        """Keep the newest `keep_last` complete checkpoints (and the one just written, even if
-        older ones with higher steps exist); remove older steps and abandoned uploads. A
-        failure here costs storage, not the checkpoint just written, so it is only logged."""
+        # A failure here costs storage, not the checkpoint just written, so it is only logged.
         try:
-            found = self._step_names()
-            complete = [step for step, name in found if self._has_manifest(name)]
-            kept = set(complete[-self.keep_last:]) | {keep_step}
-            oldest_kept = min(kept)
-            for step, name in found:
-                # A step without a manifest older than every kept one can never be resumed
-                # from; newer ones may be a checkpoint being written, and stay.
-                if step not in kept and (step in complete or step < oldest_kept):
-                    self._delete_step(name)
-            self._abort_stale_uploads()
-        except (ClientError, BotoCoreError) as e:
+            super()._prune(keep_step)
+        except self.storage_errors as e:
             log.warning("old checkpoints under %s could not be removed (%s); the next save tries again",
                         self._uri, _reason(e))
 
@@ -191,9 +161,9 @@ class S3CheckpointStore(CheckpointStore):
             answer = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
             for failed in answer.get("Errors", []):
                 log.warning("s3://%s/%s could not be removed (%s)", self.bucket, failed.get("Key"), failed.get("Code"))
-        log.debug("removed old checkpoint %s", self._step_uri(name))
 
-    def _abort_stale_uploads(self) -> None:
+    def _remove_abandoned_writes(self) -> None:
+        # A killed writer's unfinished multipart upload is billed until it is aborted.
         now = time.time()
         paginator = self.client.get_paginator("list_multipart_uploads")
         for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key_prefix):
@@ -206,50 +176,15 @@ class S3CheckpointStore(CheckpointStore):
 
     # -- reading ---------------------------------------------------------------------------
 
-    def steps(self) -> list[int]:
+    def _read_latest(self) -> bytes | None:
         try:
-            return [step for step, name in self._step_names() if self._has_manifest(name)]
-        except (ClientError, BotoCoreError) as e:
-            raise self._error(e, "cannot be listed") from None
-
-    def load_latest(self) -> Checkpoint | None:
-        started = time.monotonic()
-        try:
-            for step, name in self._candidates():
-                try:
-                    state, config_yaml = decode_checkpoint(step, lambda file_name, n=name: self._download(n, file_name))
-                except CorruptCheckpoint as e:
-                    log.warning("checkpoint %s is corrupted (%s); skipping it", self._step_uri(name), e)
-                    continue
-                log.info("loaded checkpoint %s (step %d) in %.1f s", self._step_uri(name), step,
-                         time.monotonic() - started)
-                return Checkpoint(step=step, state=state, config_yaml=config_yaml, location=self._step_uri(name))
-        except (ClientError, BotoCoreError) as e:
-            raise self._error(e, "cannot be read") from None
-        return None
-
-    def _candidates(self) -> list[tuple[int, str]]:
-        """Complete steps, newest first. The listing decides, not `latest`: a writer that died
-        after its manifest but before `latest` left a newer complete checkpoint than it names."""
-        candidates = [(step, name) for step, name in reversed(self._step_names()) if self._has_manifest(name)]
-        pointer = self._read_latest()
-        if candidates and pointer is not None and pointer != candidates[0][0]:
-            log.info("%s/%s names step %s but the newest complete checkpoint is step %d; trying newest first",
-                     self._uri, LATEST_FILE, pointer, candidates[0][0])
-        return candidates
-
-    def _read_latest(self) -> int | None:
-        try:
-            body = self.client.get_object(Bucket=self.bucket, Key=self._key_prefix + LATEST_FILE)["Body"].read()
-            return step_of_dir_name(body.decode("ascii").strip())
+            return self.client.get_object(Bucket=self.bucket, Key=self._key_prefix + LATEST_FILE)["Body"].read()
         except ClientError as e:
             if _error_code(e) in _MISSING:
                 return None
             raise
-        except UnicodeDecodeError:
-            return None
 
-    def _download(self, name: str, file_name: str) -> bytes:
+    def _read_file(self, name: str, file_name: str) -> bytes:
         buffer = io.BytesIO()
         try:
             # Managed transfer: a large state file comes down as parallel ranged GETs.
@@ -265,7 +200,7 @@ class S3CheckpointStore(CheckpointStore):
             raise CorruptCheckpoint(f"{file_name} does not match the checksum S3 stored with it") from None
         return buffer.getvalue()
 
-    def _step_names(self) -> list[tuple[int, str]]:
+    def _list_steps(self) -> list[tuple[int, str]]:
         """(step, name) of every step "directory" under the prefix, ascending."""
         found = []
         # Delimiter="/": one entry per step however many objects it holds, and nothing from
@@ -296,10 +231,10 @@ class S3CheckpointStore(CheckpointStore):
     def _key(self, name: str, file_name: str) -> str:
         return f"{self._key_prefix}{name}/{file_name}"
 
-    def _step_uri(self, name: str) -> str:
+    def _step_location(self, name: str) -> str:
         return f"s3://{self.bucket}/{self._key_prefix}{name}"
 
-    def _error(self, error: Exception, failed: str) -> CheckpointError:
+    def _failure(self, error: Exception, failed: str) -> CheckpointError:
         """The one sentence a user needs to fix what `error` says went wrong."""
         if isinstance(error, (NoCredentialsError, PartialCredentialsError)):
             return CheckpointError(

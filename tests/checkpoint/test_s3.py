@@ -1,6 +1,7 @@
 """S3 checkpoints through boto3 against a real HTTP server: moto's S3 on 127.0.0.1, and for
 the failures a real server cannot be asked to produce (throttling, denied access), a small
-proxy on 127.0.0.1 in front of it that answers some requests itself."""
+proxy on 127.0.0.1 in front of it that answers some requests itself. The rules both stores
+keep (pruning, the corrupt-skip loop, the `latest` pointer) are in test_store_contract.py."""
 from __future__ import annotations
 
 import hashlib
@@ -19,35 +20,20 @@ import boto3
 import pytest
 import torch
 
-from transientvod import checkpoint_s3
-from conftest import free_port, moto_aws
-from transientvod.checkpoint import Checkpoint, CheckpointError, LocalCheckpointStore, open_store
-from transientvod.checkpoint_s3 import S3CheckpointStore
+from conftest import free_port
+from store_backends import (  # noqa: F401 (moto_endpoint is a fixture)
+    BUCKET,
+    CONFIG_YAML,
+    assert_one_sentence,
+    assert_state_equal,
+    make_state,
+    moto_endpoint,
+)
+from transientvod.checkpoint import CheckpointError, LocalCheckpointStore, open_store
+from transientvod.checkpoint import s3 as s3_store
+from transientvod.checkpoint.s3 import S3CheckpointStore
 
-BUCKET = "transientvod-checkpoints"
-CONFIG_YAML = "train:\n  steps: 400\n  commit_every: 20\nmodel:\n  depth: 8\n"
 MIB = 2**20
-
-
-def make_state(step: int) -> dict:
-    generator = torch.Generator().manual_seed(step)
-    return {"model": {"weight": torch.randn(16, 8, generator=generator)}, "step": step,
-            "sampler": {"seed": 7, "processed_indices": [1, 2, 3]}}
-
-
-def assert_state_equal(actual: dict, expected: dict) -> None:
-    torch.testing.assert_close(actual["model"], expected["model"])
-    assert (actual["step"], actual["sampler"]) == (expected["step"], expected["sampler"])
-
-
-def assert_one_sentence(message: str) -> None:
-    assert message.endswith(".") and message.count(". ") == 0, message
-    assert "\n" not in message and "Traceback" not in message, message
-
-
-def s3_warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.levelno == logging.WARNING and r.name == "transientvod.checkpoint_s3"]
 
 
 class ErrorInjectingProxy:
@@ -121,15 +107,6 @@ class ErrorInjectingProxy:
         self.server.server_close()
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint(tmp_path_factory):
-    """http://127.0.0.1:<port> of a moto S3 server holding BUCKET, with fake credentials."""
-    with moto_aws(tmp_path_factory.mktemp("aws")) as endpoint, pytest.MonkeyPatch.context() as env:
-        env.delenv(checkpoint_s3.MAX_ATTEMPTS_ENV, raising=False)
-        boto3.session.Session().client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
-        yield endpoint
-
-
 @pytest.fixture
 def s3(moto_endpoint):
     """A plain boto3 client on the moto server, for looking at (and damaging) the objects."""
@@ -166,65 +143,24 @@ def body(s3, key: str) -> bytes:
     return s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
 
 
-# -- round trip, ordering, pruning ------------------------------------------------------------
+# -- the layout and large states ----------------------------------------------------------------
 
-def test_save_then_load_latest_round_trips_and_writes_the_local_layout(moto_endpoint, s3, uri, tmp_path):
+def test_objects_are_the_local_layout_byte_for_byte(moto_endpoint, s3, uri, tmp_path):
     store = S3CheckpointStore(uri, endpoint_url=moto_endpoint)
     state = make_state(200)
     location = store.save(200, state, CONFIG_YAML)
 
     assert store.location == uri
     assert location == f"{uri}/step-000000200"
-    assert keys_under(s3, uri) == ["latest", "step-000000200/config.yaml",
-                                   "step-000000200/manifest.json", "step-000000200/state.pt"]
     key = location.removeprefix(f"s3://{BUCKET}/")
-    assert body(s3, f"{uri.removeprefix(f's3://{BUCKET}/')}/latest") == b"step-000000200\n"
     manifest = json.loads(body(s3, f"{key}/manifest.json"))
-    assert manifest["step"] == 200 and manifest["format"] == 1
     assert manifest["files"]["state.pt"]["sha256"] == hashlib.sha256(body(s3, f"{key}/state.pt")).hexdigest()
-
-    loaded = store.load_latest()
-    assert isinstance(loaded, Checkpoint)
-    assert (loaded.step, loaded.location, loaded.config_yaml) == (200, location, CONFIG_YAML)
-    assert_state_equal(loaded.state, state)
 
     # The same bytes as the local store: copied into a directory, the local store reads them.
     for name in keys_under(s3, uri):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(body(s3, f"{key.rsplit('/', 1)[0]}/{name}"))
     assert_state_equal(LocalCheckpointStore(tmp_path).load_latest().state, state)
-
-
-def test_newest_step_wins_and_steps_are_ascending(moto_endpoint, uri):
-    store = S3CheckpointStore(uri, keep_last=5, endpoint_url=moto_endpoint)
-    assert store.steps() == [] and store.load_latest() is None
-    for step in (300, 100, 200):
-        store.save(step, make_state(step), CONFIG_YAML)
-    assert store.steps() == [100, 200, 300]
-    loaded = store.load_latest()
-    assert loaded.step == 300
-    assert_state_equal(loaded.state, make_state(300))
-
-
-def test_keep_last_prunes_and_never_removes_the_checkpoint_just_written(moto_endpoint, s3, uri):
-    store = S3CheckpointStore(uri, keep_last=2, endpoint_url=moto_endpoint)
-    for step in (100, 200, 300, 400):
-        store.save(step, make_state(step), CONFIG_YAML)
-    assert store.steps() == [300, 400]
-    assert {key.split("/")[0] for key in keys_under(s3, uri)} == {"latest", "step-000000300", "step-000000400"}
-    # A job that resumed from an older step (the newer ones were corrupted) saves below them.
-    store.save(50, make_state(50), CONFIG_YAML)
-    assert store.steps() == [50, 300, 400]
-
-
-def test_resave_of_a_step_replaces_it(moto_endpoint, uri):
-    store = S3CheckpointStore(uri, endpoint_url=moto_endpoint)
-    store.save(200, make_state(1), "first: 1\n")
-    store.save(200, make_state(2), "second: 2\n")
-    loaded = store.load_latest()
-    assert (loaded.step, loaded.config_yaml) == (200, "second: 2\n")
-    assert_state_equal(loaded.state, make_state(2))
-    assert store.steps() == [200]
 
 
 def test_large_state_goes_as_a_multipart_upload_and_loads_back_intact(moto_endpoint, s3, uri):
@@ -246,53 +182,18 @@ def test_large_state_goes_as_a_multipart_upload_and_loads_back_intact(moto_endpo
     assert torch.equal(loaded.state["weights"], state["weights"])
 
 
-# -- incomplete and corrupted checkpoints ---------------------------------------------------
-
-def test_corrupted_newest_checkpoint_is_skipped_with_a_warning_naming_its_uri(moto_endpoint, s3, uri, caplog):
-    store = S3CheckpointStore(uri, endpoint_url=moto_endpoint)
-    store.save(100, make_state(100), CONFIG_YAML)
-    newest = store.save(200, make_state(200), CONFIG_YAML)
-    key = newest.removeprefix(f"s3://{BUCKET}/") + "/state.pt"
-    damaged = bytearray(body(s3, key))
-    damaged[len(damaged) // 2] ^= 0xFF  # same length: only the checksum can tell
-    s3.put_object(Bucket=BUCKET, Key=key, Body=bytes(damaged))
-
-    with caplog.at_level(logging.WARNING, logger="transientvod.checkpoint_s3"):
-        loaded = store.load_latest()
-
-    assert loaded.step == 100
-    assert_state_equal(loaded.state, make_state(100))
-    warnings = s3_warnings(caplog)
-    assert len(warnings) == 1
-    assert newest in warnings[0] and "corrupted" in warnings[0] and "sha256" in warnings[0]
-
-
-def test_step_without_manifest_is_ignored_and_pruned_once_older_than_every_kept_one(moto_endpoint, s3, uri, caplog):
-    store = S3CheckpointStore(uri, keep_last=1, endpoint_url=moto_endpoint)
-    store.save(100, make_state(100), CONFIG_YAML)
-    prefix = uri.removeprefix(f"s3://{BUCKET}/")
-    for step in (50, 300):  # a writer died before the manifest, or is still writing
-        s3.put_object(Bucket=BUCKET, Key=f"{prefix}/step-{step:09d}/state.pt", Body=b"partial")
-
-    with caplog.at_level(logging.WARNING, logger="transientvod.checkpoint_s3"):
-        assert store.steps() == [100]
-        assert store.load_latest().step == 100
-    assert s3_warnings(caplog) == []
-
-    store.save(200, make_state(200), CONFIG_YAML)
-    assert {key.split("/")[0] for key in keys_under(s3, uri)} == {"latest", "step-000000200", "step-000000300"}
-
+# -- what dead writers leave ------------------------------------------------------------------
 
 def test_unfinished_upload_of_a_dead_writer_is_aborted_at_the_next_save(moto_endpoint, s3, uri, monkeypatch):
     # moto dates every upload in 2010, so the test sets the age limit on either side of that.
     store = S3CheckpointStore(uri, endpoint_url=moto_endpoint)
     prefix = uri.removeprefix(f"s3://{BUCKET}/")
     s3.create_multipart_upload(Bucket=BUCKET, Key=f"{prefix}/step-000000900/state.pt")
-    monkeypatch.setattr(checkpoint_s3, "STALE_UPLOAD_SECONDS", 1e10)  # no upload is this old
+    monkeypatch.setattr(s3_store, "STALE_UPLOAD_SECONDS", 1e10)  # no upload is this old
     store.save(100, make_state(100), CONFIG_YAML)
     assert len(s3.list_multipart_uploads(Bucket=BUCKET, Prefix=prefix).get("Uploads", [])) == 1
 
-    monkeypatch.setattr(checkpoint_s3, "STALE_UPLOAD_SECONDS", 60.0)
+    monkeypatch.setattr(s3_store, "STALE_UPLOAD_SECONDS", 60.0)
     store.save(200, make_state(200), CONFIG_YAML)
     assert s3.list_multipart_uploads(Bucket=BUCKET, Prefix=prefix).get("Uploads", []) == []
 
@@ -312,7 +213,7 @@ def test_throttled_upload_is_retried_with_backoff(proxy, uri):
 
 
 def test_throttling_past_the_attempts_is_a_checkpoint_error(proxy, uri, monkeypatch):
-    monkeypatch.setenv(checkpoint_s3.MAX_ATTEMPTS_ENV, "2")
+    monkeypatch.setenv(s3_store.MAX_ATTEMPTS_ENV, "2")
     store = S3CheckpointStore(uri, endpoint_url=proxy.endpoint)
     proxy.answer_next(2, 503, "SlowDown", method="PUT")
     with pytest.raises(CheckpointError) as raised:
@@ -321,6 +222,38 @@ def test_throttling_past_the_attempts_is_a_checkpoint_error(proxy, uri, monkeypa
     message = str(raised.value)
     assert uri in message and "SlowDown" in message and "2 attempts" in message
     assert_one_sentence(message)
+
+
+def test_failed_read_is_a_checkpoint_error_saying_what_failed(proxy, uri, monkeypatch):
+    monkeypatch.setenv(s3_store.MAX_ATTEMPTS_ENV, "1")
+    store = S3CheckpointStore(uri, endpoint_url=proxy.endpoint)
+    store.save(100, make_state(100), CONFIG_YAML)
+    for call, failed in ((store.load_latest, "cannot be read"), (store.steps, "cannot be listed")):
+        proxy.answer_next(1, 500, "InternalError", method="GET")
+        with pytest.raises(CheckpointError) as raised:
+            call()
+        message = str(raised.value)
+        assert message.startswith(f"checkpoint store {uri} {failed}: S3 answered InternalError (HTTP 500) after 1 attempt;")
+        assert_one_sentence(message)
+
+
+def test_failed_pruning_is_only_logged_and_the_next_save_prunes(proxy, s3, uri, monkeypatch, caplog):
+    monkeypatch.setenv(s3_store.MAX_ATTEMPTS_ENV, "1")
+    store = S3CheckpointStore(uri, keep_last=1, endpoint_url=proxy.endpoint)
+    store.save(100, make_state(100), CONFIG_YAML)
+    proxy.answer_next(1, 500, "InternalError", method="POST")  # the DeleteObjects of step 100
+    with caplog.at_level(logging.WARNING, logger="transientvod.checkpoint"):
+        assert store.save(200, make_state(200), CONFIG_YAML) == f"{uri}/step-000000200"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert warnings[0].startswith(f"old checkpoints under {uri} could not be removed (ClientError: ")
+    assert "InternalError" in warnings[0] and warnings[0].endswith("; the next save tries again")
+    # Its manifest went first, so step 100 is incomplete, not offered, and pruned next time.
+    assert "step-000000100/state.pt" in keys_under(s3, uri)
+    assert store.steps() == [200] and store.load_latest().step == 200
+
+    store.save(300, make_state(300), CONFIG_YAML)
+    assert {key.split("/")[0] for key in keys_under(s3, uri)} == {"latest", "step-000000300"}
 
 
 def test_missing_bucket_is_a_checkpoint_error_naming_it(moto_endpoint):
@@ -350,7 +283,7 @@ def test_no_credentials_is_a_checkpoint_error(moto_endpoint, uri, monkeypatch):
 
 
 def test_unreachable_endpoint_is_a_checkpoint_error(moto_endpoint, uri, monkeypatch):
-    monkeypatch.setenv(checkpoint_s3.MAX_ATTEMPTS_ENV, "1")
+    monkeypatch.setenv(s3_store.MAX_ATTEMPTS_ENV, "1")
     closed = f"http://127.0.0.1:{free_port()}"
     started = time.monotonic()
     with pytest.raises(CheckpointError) as raised:
@@ -364,8 +297,8 @@ def test_unreachable_endpoint_is_a_checkpoint_error(moto_endpoint, uri, monkeypa
 def test_bad_uri_and_bad_attempts_setting_are_checkpoint_errors(moto_endpoint, monkeypatch):
     with pytest.raises(CheckpointError, match="s3://bucket/prefix"):
         S3CheckpointStore("s3:///no-bucket", endpoint_url=moto_endpoint)
-    monkeypatch.setenv(checkpoint_s3.MAX_ATTEMPTS_ENV, "many")
-    with pytest.raises(CheckpointError, match=checkpoint_s3.MAX_ATTEMPTS_ENV):
+    monkeypatch.setenv(s3_store.MAX_ATTEMPTS_ENV, "many")
+    with pytest.raises(CheckpointError, match=s3_store.MAX_ATTEMPTS_ENV):
         S3CheckpointStore(f"s3://{BUCKET}/x", endpoint_url=moto_endpoint)
     with pytest.raises(ValueError, match="keep_last"):
         S3CheckpointStore(f"s3://{BUCKET}/x", keep_last=0, endpoint_url=moto_endpoint)
@@ -391,5 +324,5 @@ def test_checkpoint_module_loads_boto3_only_when_s3_is_used():
     # Every worker imports transientvod.checkpoint; boto3 costs start-up time for none of them.
     probe = "import sys, transientvod.checkpoint; print('boto3' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parents[1])
+                          cwd=Path(__file__).resolve().parents[2])
     assert done.stdout.strip() == "False", done.stderr
