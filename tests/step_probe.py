@@ -7,9 +7,9 @@ evaluate: every rank holds the same parameters but its own BatchNorm running sta
 after training, where only gradients are averaged); the sharded `evaluate` must score exactly
 what one process scores over the whole test split with rank 0's model.
 
-vote: the last rank wants a commit at step 5 only; every rank must hear of it at step 6, and
-a reset in between (the handle dropped, as Horovod's reset callbacks do) must not leave a
-stale answer behind.
+vote: the last rank sees a notice at step 5 and rank 0 has a host update pending at step 7;
+every rank must hear of each, and only of it, one step later, and a reset in between (the
+handle dropped, as Horovod's reset callbacks do) must not leave a stale answer behind.
 """
 from __future__ import annotations
 
@@ -61,17 +61,20 @@ def check_vote() -> dict:
     vote = CommitVote()
     vote.begin(0)
     last = hvd.size() - 1
-    answers = [vote.exchange(hvd.rank() == last and step == 5) for step in range(1, 11)]
+    # The last rank sees a notice at step 5; rank 0 has a host update pending at step 7.
+    answers = [vote.exchange(hvd.rank() == last and step == 5, hvd.rank() == 0 and step == 7)
+               for step in range(1, 11)]
     vote.finish()
     # A vote in flight when the job resets is dropped, not read on the new ring. (A real
     # reset shuts Horovod down, which ends the dropped op; here it completes unread, and the
     # new ring's name, from its first step, keeps the next votes apart from it.)
-    vote.exchange(True)
+    vote.exchange(True, True)
     vote.reset()
     vote.begin(21)
-    after_reset = [vote.exchange(False) for step in (21, 22)]
+    after_reset = [vote.exchange(False, False) for step in (21, 22)]
     vote.finish()
-    return {"rank": hvd.rank(), "answers": answers, "after_reset": after_reset}
+    as_pairs = lambda votes: [[v.notice, v.hosts_update] for v in votes]  # noqa: E731
+    return {"rank": hvd.rank(), "answers": as_pairs(answers), "after_reset": as_pairs(after_reset)}
 
 
 def main() -> None:

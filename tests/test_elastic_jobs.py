@@ -74,6 +74,27 @@ def test_host_added_mid_run_new_worker_gets_synchronized_state(job):
     assert any(r["lr"] < 2 * BASE_LR - 1e-9 for r in two), "no warm-up after growth"
 
 
+def test_host_joining_with_notices_on_joins_within_steps_and_is_no_notice(job, tmp_path):
+    # With notices on the ranks vote every step, and a host update (Horovod tells rank 0 alone)
+    # rides that vote: the new host joins a step or two after the update instead of at the next
+    # commit_every, and nothing treats it as an interruption notice (no extra durable checkpoint,
+    # no notice log line). The notice source reads a host-state file that never has a notice.
+    from transientvod.spot.hosts import HostState, HostStatus, write_host_state
+
+    state_file = tmp_path / "hosts.json"
+    write_host_state(state_file, HostState("test", time.time(), [HostStatus("localhost", 1), HostStatus("127.0.0.1", 1)]))
+    j = job("joinnotice", cluster={"np": 1, "network_interface": "lo"}, notices={"source": "hoststate"},
+            spot={"state_file": str(state_file)}, train={"steps": 400, "commit_every": 100, "checkpoint_every": 400})
+    done = j.run(j.discovery("0=localhost:1", f"60={BOTH}"))
+    assert done.returncode == 0, explain(done)
+    assert j.summary()["world_sizes_seen"] == [1, 2], explain(done)
+    joined_at = min(e["step"] for e in j.rows("events.jsonl") if e["size"] == 2)
+    assert 60 <= joined_at < 100, f"the host joined at step {joined_at}; it waited for commit_every"
+    log = done.stderr + done.stdout
+    assert "interruption notice" not in log, explain(done)
+    assert log.count("saved checkpoint") == 1, "only the last step's checkpoint was due"
+
+
 @pytest.mark.parametrize("victim_rank", [1, 0], ids=["worker", "rank0"])
 def test_worker_killed_mid_step_survivors_roll_back_and_finish(job, tmp_path, victim_rank):
     # Rank 0 is no special case: the study's system died with its master; this one must not.

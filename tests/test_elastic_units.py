@@ -9,7 +9,7 @@ import horovod.torch as hvd
 import pytest
 import torch
 
-from transientvod.elastic import LearningRateRule, ShardSampler
+from transientvod.elastic import NO_VOTE, CommitPolicy, LearningRateRule, ShardSampler, Vote
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -106,3 +106,40 @@ def test_no_scaling_and_cosine_decay():
 def test_rule_rejects_bad_hyperparameters(kw, match):
     with pytest.raises(ValueError, match=match):
         rule(**kw)
+
+
+# -- the commit policy -----------------------------------------------------------------------------
+
+def decisions(policy: CommitPolicy, votes: dict[int, Vote], steps: range) -> dict[int, tuple[bool, bool, bool]]:
+    """step -> (commit, durable, first_notice), for the steps where anything happens."""
+    out = {}
+    for step in steps:
+        d = policy.decide(step, votes.get(step, NO_VOTE))
+        if d.commit or d.durable or d.first_notice:
+            out[step] = (d.commit, d.durable, d.first_notice)
+    return out
+
+
+def test_policy_commits_every_commit_every_and_checkpoints_every_checkpoint_every_and_at_the_end():
+    policy = CommitPolicy(commit_every=10, checkpoint_every=30, total_steps=65)
+    assert decisions(policy, {}, range(1, 66)) == {
+        10: (True, False, False), 20: (True, False, False), 30: (True, True, False), 40: (True, False, False),
+        50: (True, False, False), 60: (True, True, False), 65: (True, True, False)}
+
+
+def test_a_host_update_commits_at_once_and_is_not_treated_as_a_notice():
+    # A host joining (or leaving through discovery) takes effect at the next step; no durable
+    # checkpoint, no notice log line: nothing is about to be lost.
+    policy = CommitPolicy(commit_every=50, checkpoint_every=500, total_steps=1000)
+    votes = {7: Vote(hosts_update=True), 8: Vote(hosts_update=True)}
+    assert decisions(policy, votes, range(1, 50)) == {7: (True, False, False), 8: (True, False, False)}
+
+
+def test_a_notice_commits_every_step_and_checkpoints_once_per_ring():
+    policy = CommitPolicy(commit_every=50, checkpoint_every=500, total_steps=1000)
+    votes = {step: Vote(notice=True) for step in range(12, 16)}
+    assert decisions(policy, votes, range(1, 20)) == {
+        12: (True, True, True), 13: (True, False, False), 14: (True, False, False), 15: (True, False, False)}
+    # After the host left, the ring re-forms; a later notice is news again.
+    policy.ring_started()
+    assert decisions(policy, {30: Vote(notice=True)}, range(30, 31)) == {30: (True, True, True)}

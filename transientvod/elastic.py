@@ -9,7 +9,9 @@ only adds bookkeeping and policy on top of its machinery:
 - `HorovodInternalError`: a peer died mid-collective (revoked without notice, SIGKILL).
   Survivors `restore()` the last commit, so they lose the steps since that commit.
 
-After either, Horovod re-forms the ring and calls our reset callbacks; `TransientState`
+When to commit, and which commits become durable checkpoints, is `CommitPolicy`'s to say
+(every `commit_every` steps; at once for a pending host update; every step after an
+interruption notice). After either event, Horovod re-forms the ring and calls our reset callbacks; `TransientState`
 records what was lost and how long recovery took, the learning rate is rescaled to the new
 world size, and the sampler re-shards the rest of the epoch among the active workers.
 """
@@ -20,6 +22,7 @@ import math
 import os
 import random
 import time
+from dataclasses import dataclass
 
 import horovod.torch as hvd
 from horovod.common.exceptions import HostsUpdatedInterrupt
@@ -142,6 +145,59 @@ class LearningRateRule:
         return self.base_lr * self.factor(ramp, step) * decay
 
 
+@dataclass(frozen=True)
+class Vote:
+    """What the ranks asked for at the step before (train.py's CommitVote carries it): some
+    rank saw an interruption notice, or rank 0 has a host update pending (Horovod tells only
+    rank 0). Every rank reads the same vote at the same step, so all decide alike."""
+    notice: bool = False
+    hosts_update: bool = False
+
+
+NO_VOTE = Vote()
+
+
+@dataclass(frozen=True)
+class CommitDecision:
+    commit: bool  # state.commit(): the rollback point, where hosts join or leave
+    durable: bool  # and rank 0 snapshots it for a durable checkpoint
+    first_notice: bool  # the first commit since a notice reached the ring (worth a log line)
+
+
+class CommitPolicy:
+    """When the loop commits, and which commits are made durable. No Horovod, no I/O.
+
+    - Every `commit_every` steps and at the last step: commit. Every `checkpoint_every` steps
+      (a multiple of it) and at the last step: a durable checkpoint too.
+    - A host update pending: commit at the next step, so that a host joins or leaves within a
+      step instead of at the next `commit_every`. Nothing else changes: a host joining is not
+      an emergency.
+    - An interruption notice: a server is about to go, maybe rank 0's. Commit every step until
+      it has left (a removal then loses nothing, and a kill at most one step), and make the
+      first of those commits durable, once per ring.
+    """
+
+    def __init__(self, commit_every: int, checkpoint_every: int, total_steps: int):
+        self.commit_every = commit_every
+        self.checkpoint_every = checkpoint_every
+        self.total_steps = total_steps
+        self.notice_checkpointed = False
+
+    def ring_started(self) -> None:
+        """On every (re)formed ring: a notice that comes now is news again."""
+        self.notice_checkpointed = False
+
+    def decide(self, step: int, vote: Vote = NO_VOTE) -> CommitDecision:
+        last = step >= self.total_steps
+        commit = last or step % self.commit_every == 0 or vote.notice or vote.hosts_update
+        durable = commit and (last or step % self.checkpoint_every == 0)
+        first_notice = vote.notice and not self.notice_checkpointed
+        if first_notice:
+            self.notice_checkpointed = True
+            durable = True
+        return CommitDecision(commit, durable, first_notice)
+
+
 # The synchronized attributes a durable checkpoint keeps besides model, optimizer and sampler.
 PROGRESS = ("epoch", "step", "world_sizes", "revocations", "steps_lost", "lr_ramp",
             "started_at", "cost_ledger", "ledger_saved_at", "mlflow_run_id")
@@ -157,12 +213,13 @@ class TransientState(TorchState):
     meter's state, see job_bill.py), `ledger_saved_at` and `mlflow_run_id`.
     """
 
-    def __init__(self, model, optimizer, sampler, lr_rule: LearningRateRule, **kwargs):
+    def __init__(self, model, optimizer, sampler, lr_rule: LearningRateRule, policy: CommitPolicy, **kwargs):
         super().__init__(model=model, optimizer=optimizer, sampler=sampler, epoch=0, step=0,
                          world_sizes=[], revocations=0, steps_lost=0, lr_ramp=(1.0, 1.0, 0),
                          started_at=0.0, cost_ledger={}, ledger_saved_at=0.0, mlflow_run_id="", **kwargs)
-        # Not synchronized: facts about this process's view of the current recovery.
+        # Not synchronized: the rules, and facts about this process's view of the current recovery.
         self.lr_rule = lr_rule
+        self.policy = policy
         self._interrupted_at: float | None = None
         self._lost_now = 0
         self._worker_failed = False

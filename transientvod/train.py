@@ -45,8 +45,8 @@ from transientvod.checkpoint_writer import BackgroundCheckpointWriter
 from transientvod.config import Config, ConfigError, load_config, to_yaml
 from transientvod.cost import PriceError
 from transientvod.data import DataError, Dataset, load_dataset
-from transientvod.elastic import (LearningRateRule, ShardSampler, TransientState, bound_collective_waits,
-                                  network_address)
+from transientvod.elastic import (NO_VOTE, CommitPolicy, LearningRateRule, ShardSampler, TransientState, Vote,
+                                  bound_collective_waits, network_address)
 from transientvod.exchange import GradientExchange
 from transientvod.models import build_model
 from transientvod.tracking import TrackingError
@@ -89,16 +89,16 @@ def start_notice_watcher(config: Config):
 
 
 class CommitVote:
-    """"Does any rank want a commit?", asked at step k and answered at step k + 1.
+    """"Does any rank want a commit, and why?", asked at step k and answered at step k + 1.
 
-    A notice (or a pending host update) seen by one rank must make every rank commit at the
-    same step, since a commit is a collective. A blocking allreduce of the flag every step
-    cost one round trip per step on the ring; instead the flag of step k travels in an async
-    allreduce (max) while step k + 1 computes, and step k + 1 reads it. So a rank learns of a
-    notice at most one step later, and since every rank reads the same op at the same step,
-    all of them commit together. A notice stays set, so after one the job commits every step
-    until the noticed host has left: whether Horovod removes it gracefully or the cloud
-    kills it first, nothing is lost.
+    A notice seen by one rank (or a host update, which Horovod tells rank 0 alone) must make
+    every rank commit at the same step, since a commit is a collective. A blocking allreduce
+    every step cost one round trip per step on the ring; instead step k's two flags (notice,
+    host update) travel in an async allreduce (max) while step k + 1 computes, and step k + 1
+    reads them as a `Vote`. So a rank learns of a notice at most one step later, and since
+    every rank reads the same op at the same step, all of them commit together. A notice
+    stays set, so after one the job commits every step until the noticed host has left:
+    whether Horovod removes it gracefully or the cloud kills it first, nothing is lost.
 
     The op in flight belongs to the ring it was started on: after an elastic reset
     (HorovodInternalError or HostsUpdatedInterrupt) Horovod has shut that ring down, so
@@ -126,19 +126,41 @@ class CommitVote:
         self.reset()
         self._name = f"transientvod.commit_vote.{ring_step}"
 
-    def exchange(self, wants: bool) -> bool:
-        """Send this rank's flag; return whether any rank wanted a commit at the step before
-        (False on the first step after a start or a reset). At most one vote is in flight."""
+    def exchange(self, notice: bool, hosts_update: bool) -> Vote:
+        """Send this rank's flags; return what the ranks asked for at the step before (nothing
+        on the first step after a start or a reset). At most one vote is in flight."""
         answer = self.finish()
-        self._in_flight = hvd.allreduce_async(torch.tensor([1 if wants else 0]), op=hvd.Max, name=self._name)
+        flags = torch.tensor([int(notice), int(hosts_update)])
+        self._in_flight = hvd.allreduce_async(flags, op=hvd.Max, name=self._name)
         return answer
 
-    def finish(self) -> bool:
+    def finish(self) -> Vote:
         """Wait for the vote in flight, if any, and return its answer."""
         if self._in_flight is None:
-            return False
+            return NO_VOTE
         handle, self._in_flight = self._in_flight, None
-        return bool(hvd.synchronize(handle).item())
+        notice, hosts_update = hvd.synchronize(handle).tolist()
+        return Vote(notice=bool(notice), hosts_update=bool(hosts_update))
+
+
+class SynchronousStep:
+    """hvd.DistributedOptimizer behind the exchange's interface, so that the loop has one step
+    path: zero_grad, backward, step(step), and reset after an elastic reset."""
+
+    __slots__ = ("optimizer",)
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.optimizer = optimizer
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad()
+
+    def step(self, step: int) -> bool:
+        self.optimizer.step()  # waits for the gradients' allreduce, started during backward
+        return True
+
+    def reset(self) -> None:
+        pass  # nothing in flight between steps
 
 
 def pick_device(config: Config) -> torch.device:
@@ -252,18 +274,18 @@ def train(config: Config) -> None:
                             config.optimizer.schedule, config.train.steps)
     optimizer = torch.optim.SGD(model.parameters(), lr=base_lr, momentum=config.optimizer.momentum,
                                 weight_decay=config.optimizer.weight_decay)
-    exchange = None
     if ex.staleness == 0 and ex.codec == "none":
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        stepper = SynchronousStep(optimizer)
     else:
-        exchange = GradientExchange(optimizer, model.parameters(), staleness=ex.staleness, codec=ex.codec,
-                                    block=ex.block, min_compress_elements=ex.min_compress_elements,
-                                    compress_from_step=int(ex.compress_after * config.train.steps))
+        stepper = GradientExchange(optimizer, model.parameters(), staleness=ex.staleness, codec=ex.codec,
+                                   block=ex.block, min_compress_elements=ex.min_compress_elements,
+                                   compress_from_step=int(ex.compress_after * config.train.steps))
     train_set = TensorDataset(data.train_x, data.train_y)
     sampler = ShardSampler(train_set, shuffle=True, seed=config.train.seed)
-    state = TransientState(model, optimizer, sampler, rule)
-    if exchange is not None:
-        state.register_reset_callbacks([exchange.reset])
+    policy = CommitPolicy(config.train.commit_every, config.train.checkpoint_every, config.train.steps)
+    state = TransientState(model, optimizer, sampler, rule, policy)
+    state.register_reset_callbacks([stepper.reset])
     commit_vote = CommitVote()
     state.register_reset_callbacks([commit_vote.reset])
     store = open_store(config.checkpoint_dir, keep_last=config.checkpoint.keep_last)
@@ -292,7 +314,7 @@ def train(config: Config) -> None:
     # -- phase 2: train, elastically --------------------------------------------------------
     @hvd.elastic.run
     def run(state: TransientState) -> float:
-        notice_checkpointed = False
+        state.policy.ring_started()
         # Here after every (re)start and sync: all ranks hold the same parameters.
         record.append("events.jsonl", {"event": "synced", "rank": hvd.rank(), "size": hvd.size(),
                                        "step": state.step, "checksum": parameter_checksum(state.model),
@@ -309,16 +331,10 @@ def train(config: Config) -> None:
                 for group in state.optimizer.param_groups:
                     group["lr"] = lr
                 x, y = x.to(device), y.to(device)
-                if exchange is None:
-                    state.optimizer.zero_grad()
-                    loss = F.cross_entropy(state.model(x), y)
-                    loss.backward()
-                    state.optimizer.step()
-                else:
-                    exchange.zero_grad()  # the .grad tensors are views into its buckets
-                    loss = F.cross_entropy(state.model(x), y)
-                    loss.backward()
-                    exchange.step(state.step)
+                stepper.zero_grad()  # the exchange's: its .grad tensors are views into its buckets
+                loss = F.cross_entropy(state.model(x), y)
+                loss.backward()
+                stepper.step(state.step)
                 if straggle is not None:
                     straggle()
                 state.sampler.record_batch(batch_index, len(y))
@@ -342,22 +358,17 @@ def train(config: Config) -> None:
                         books.on_eval(state, row)
                         record.append("metrics.jsonl", row)
 
-                notice_now = False
+                vote = NO_VOTE
                 if watcher is not None:  # notices on: one vote per step, answered one step later
-                    wants = watcher.event.is_set() or state.hosts_update_pending
-                    notice_now = commit_vote.exchange(wants)
-                last_step = state.step == config.train.steps
-                if notice_now or last_step or state.step % config.train.commit_every == 0:
-                    durable = last_step or state.step % config.train.checkpoint_every == 0
-                    if notice_now and not notice_checkpointed:
-                        # A server is about to go, maybe rank 0's: make the work durable now.
-                        durable, notice_checkpointed = True, True
-                        if hvd.rank() == 0:
-                            log.info("interruption notice in the job at step %d: checkpointing now and "
-                                     "committing every step until the host has left", state.step)
-                    if durable and hvd.rank() == 0:
-                        books.before_checkpoint(state)
-                        checkpoint_writer.submit(state.step, state.checkpoint_payload(), config_yaml)
+                    vote = commit_vote.exchange(watcher.event.is_set(), state.hosts_update_pending)
+                decision = state.policy.decide(state.step, vote)
+                if decision.first_notice and hvd.rank() == 0:
+                    log.info("interruption notice in the job at step %d: checkpointing now and "
+                             "committing every step until the host has left", state.step)
+                if decision.durable and hvd.rank() == 0:
+                    books.before_checkpoint(state)
+                    checkpoint_writer.submit(state.step, state.checkpoint_payload(), config_yaml)
+                if decision.commit:
                     state.commit()  # may raise HostsUpdatedInterrupt: the state is saved first
                 if state.step >= config.train.steps:
                     break
