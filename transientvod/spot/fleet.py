@@ -46,11 +46,10 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-import boto3
 import botocore.exceptions
-from botocore.config import Config
 
-from transientvod.spot.aws import FILTER_VALUES_PER_CALL, GONE_STATES, INSTANCE_STATES, aws_error, client_error_codes
+from transientvod.aws_clients import aws_client, client_error_codes
+from transientvod.spot.aws import FILTER_VALUES_PER_CALL, GONE_STATES, INSTANCE_STATES, aws_error
 from transientvod.spot.provider import ProviderError
 
 log = logging.getLogger(__name__)
@@ -71,8 +70,8 @@ ALIVE_STATES = frozenset({"pending", "running"})
 LISTING_DELAY_SECONDS = 60.0
 
 # RunInstances can take longer to answer than a describe call; the ClientToken on each
-# launch makes the retries safe (EC2 starts one instance per token).
-CLIENT_CONFIG = Config(connect_timeout=3, read_timeout=30, retries={"max_attempts": 3, "mode": "standard"})
+# launch makes the factory's retries safe (EC2 starts one instance per token).
+READ_TIMEOUT_SECONDS = 30
 
 # "User initiated (2026-11-30 04:00:52 GMT)": EC2 writes GMT, moto writes UTC.
 TRANSITION_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
@@ -185,10 +184,10 @@ class Fleet:
         self._holding = False
         # run() may reconcile on one thread while another asks spent().
         self._lock = threading.RLock()
-        session = session or boto3.session.Session(region_name=region)
-        self.region = region or session.region_name
+        self.region = region
         with self._aws_errors("creating the EC2 client"):
-            self._ec2 = session.client("ec2", region_name=region, endpoint_url=endpoint_url, config=CLIENT_CONFIG)
+            self._ec2 = aws_client("ec2", region, endpoint_url, session, read_timeout=READ_TIMEOUT_SECONDS)
+        self.region = self._ec2.meta.region_name  # the region boto3 chose, for the messages
 
     # --- the public face -----------------------------------------------------------------------
 
