@@ -6,8 +6,8 @@ throughout) and answers a `Bill` at any moment: what was spent, what the same bi
 would have cost on demand, and one line per server segment. Its `state()` is plain JSON, so
 the training loop keeps it in its checkpoint and the meter survives a restart.
 
-`billed_seconds` is the rule of how long a server is billed for. `usd_per_accuracy_point`
-is the study's yardstick.
+`billed_seconds` is the one rule of how long a server is billed for; the fleet and the
+planner's simulation bill by it too. `usd_per_accuracy_point` is the study's yardstick.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def billed_seconds(seconds: float, minimum: float = MINIMUM_BILLED_SECONDS) -> f
     A partial second is billed as a whole one: AWS and GCE both bill in one-second
     increments, and rounding up errs on the side of the higher bill (the fleet's budget rule
     then starts less, never more). A host that leaves and comes back is a new server with a
-    new minimum.
+    new minimum. Plain Python that numba can compile: the planner's simulation jits it.
     """
     # Rounded to microseconds first: 1090.1 - 1000.1 is 90.00000000000011 in floats, not 91 s.
     return max(minimum, float(math.ceil(round(seconds, 6))))

@@ -19,7 +19,7 @@ loses work), so stop the fleet once `spent()` nears the budget if it is a hard l
 
 Billing is per second, as EC2 bills Linux instances (and GCE every instance), with a minimum
 of one minute per instance: an instance costs its type's `hourly_price` for
-max(60 s, end - LaunchTime), where the end is now for a pending or running instance, and
+billing.meter.billed_seconds(end - LaunchTime) (a partial second billed whole), where the end is now for a pending or running instance, and
 for an ended one the time EC2 reports in its state transition reason, or else the time this
 fleet first saw it ended. Prices are what the caller says (spot prices move); seconds of an
 instance that EC2 interrupts are counted even though EC2 may waive them, so the estimate errs
@@ -49,6 +49,7 @@ from datetime import datetime, timezone
 import botocore.exceptions
 
 from transientvod.aws_clients import aws_client, client_error_codes
+from transientvod.billing.meter import billed_seconds
 from transientvod.spot.aws import FILTER_VALUES_PER_CALL, GONE_STATES, INSTANCE_STATES, aws_error
 from transientvod.spot.provider import ProviderError
 
@@ -58,8 +59,6 @@ log = logging.getLogger(__name__)
 # everything running plus the new server. Override with TRANSIENTVOD_FLEET_HORIZON_HOURS.
 BUDGET_HORIZON_HOURS = 1.0
 HORIZON_ENVIRONMENT_VARIABLE = "TRANSIENTVOD_FLEET_HORIZON_HOURS"
-# EC2 (Linux) and GCE bill per second after the first minute.
-MINIMUM_BILLED_SECONDS = 60.0
 
 # Answers of RunInstances that say "not this type, not now": the fleet tries the next type.
 CAPACITY_ERROR_CODES = frozenset({"InsufficientInstanceCapacity", "SpotMaxPriceTooLow", "Unsupported"})
@@ -135,11 +134,6 @@ def budget_horizon_hours() -> float:
     if not math.isfinite(hours) or hours < 0:
         raise ValueError(f"{HORIZON_ENVIRONMENT_VARIABLE} is {text!r}; set it to a number of hours, 0 or more.")
     return hours
-
-
-def billed_seconds(launched_at: float, ended_at: float) -> float:
-    """Seconds EC2 bills for an instance that ran from `launched_at` to `ended_at`."""
-    return max(MINIMUM_BILLED_SECONDS, ended_at - launched_at)
 
 
 def transition_time(instance: dict) -> float | None:
@@ -342,7 +336,7 @@ class Fleet:
                 ended_at = now
             else:
                 ended_at = transition_time(instance) or self._ended_at.get(instance["InstanceId"], now)
-            dollars += billed_seconds(_launched_at(instance), ended_at) / 3600.0 * self._price(instance)
+            dollars += billed_seconds(ended_at - _launched_at(instance)) / 3600.0 * self._price(instance)
         return dollars
 
     def _committed_rate(self, instances: list[dict]) -> float:
