@@ -21,7 +21,8 @@ import pytest
 
 from conftest import free_port, reset_moto
 
-from transientvod.spot.fleet import Fleet, FleetSpec
+from transientvod.spot.fleet import Fleet
+from transientvod.spot.fleet_spec import FleetSpec
 from transientvod.spot.provider import ProviderError
 
 JOB = "resnet32-run7"

@@ -148,7 +148,8 @@ def fleet_prices(instance_types: list[str], given: dict[str, float], region: str
 def cmd_fleet(args) -> int:
     import boto3
 
-    from transientvod.spot.fleet import Fleet, FleetSpec
+    from transientvod.spot.fleet import Fleet
+    from transientvod.spot.fleet_spec import FleetSpec
 
     instance_types = [t for t in args.instance_types.split(",") if t]
     region = args.region or boto3.session.Session().region_name or ""

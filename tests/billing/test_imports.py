@@ -1,6 +1,6 @@
 """billing/ sits below spot/ (the fleet imports it) and below the training loop (the job's
 books in accounting.py import it): it imports no torch, no horovod, no spot/ and no train,
-and its own modules import one way (prices <- meter <- job)."""
+and its own modules import one way (prices <- meter <- job; budget alone)."""
 from __future__ import annotations
 
 import ast
@@ -15,6 +15,7 @@ ALLOWED = {
     "__init__": set(),
     "prices": BELOW,
     "meter": BELOW | {"transientvod.billing.prices"},
+    "budget": set(),
     "job": BELOW | {"transientvod.billing.prices", "transientvod.billing.meter"},
 }
 
@@ -41,7 +42,7 @@ def test_every_billing_module_imports_only_what_lies_below_it():
 
 
 def test_importing_billing_loads_neither_torch_nor_horovod_nor_spot():
-    code = ("import sys, transientvod.billing.job; "
+    code = ("import sys, transientvod.billing.job, transientvod.billing.budget; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'horovod') "
             "or m.startswith(('transientvod.spot', 'transientvod.train'))))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
