@@ -5,8 +5,8 @@ their host names; a host whose first worker joins starts a billing segment at it
 type and market, a host with no worker left ends one. A host that left because it was
 revoked is billed up to its revocation when the caller knows that moment (accounting.py reads
 it from the host-state file: a replayed trace, an EC2 two-minute notice): the cloud bills a
-server until it takes it, not until the job let it go. Always-on servers (`cost.always_on`, for example the study's parameter
-server) are billed on-demand from the job's start to its end.
+server until it takes it, not until the job let it go. Always-on servers (`cost.always_on`,
+for example the study's parameter server) are billed on-demand from the job's start to its end.
 
 The meter's state is plain JSON kept in the elastic state and the checkpoint, so a new rank 0
 after a revocation, or a job restarted from its checkpoint, carries the bill on.
