@@ -318,3 +318,12 @@ def test_kernel_matches_a_plain_python_simulation():
             got = (results.time_s[r], results.failed[r], results.revocations[r], results.billed_seconds[r],
                    results.steps_done[r])
             assert tuple(x.item() for x in got) == expected, f"case {case} run {r}: {options}, system {system}"
+
+
+def test_servers_are_billed_by_the_bills_own_rule():
+    """The kernel calls a numba compilation of billing.meter.billed_seconds, not a copy."""
+    from transientvod.billing.meter import billed_seconds
+    from transientvod.planner.montecarlo import _billed
+
+    for seconds in (0.0, 59.5, 60.2, 90.4, 1090.1 - 1000.1, 3600.0001):
+        assert _billed(seconds) == billed_seconds(seconds)

@@ -21,7 +21,8 @@ import pytest
 
 from conftest import free_port, reset_moto
 
-from transientvod.spot.fleet import Fleet, FleetSpec
+from transientvod.spot.fleet import Fleet
+from transientvod.spot.fleet_spec import FleetSpec
 from transientvod.spot.provider import ProviderError
 
 JOB = "resnet32-run7"
@@ -157,6 +158,21 @@ def test_budget_holds_launches_and_bills_per_second_with_a_one_minute_minimum(aw
     replacement = aws.instances()[actions[0].instance_id]["LaunchTime"].timestamp()
     assert fleet.spent() == pytest.approx(dollars(60, price) + dollars(clock.now - launched_at[kept], price)
                                           + dollars(max(60, clock.now - replacement), price))
+
+
+def test_a_partial_second_is_billed_whole_as_the_job_bill_does(aws):
+    """The fleet bills by billing.meter.billed_seconds. Until it did, it billed the exact
+    seconds past the minimum (90.4 s of an instance was 90.4 s; now 91 s, like the job's bill)."""
+    clock = FakeClock(time.time())
+    fleet = aws.fleet(aws.spec(target=1), clock=clock)
+    [action] = fleet.reconcile()
+    launched = aws.instances()[action.instance_id]["LaunchTime"].timestamp()
+    price = PRICES[GPU]
+    clock.now = launched + 90.4
+    assert fleet.spent() == pytest.approx(dollars(91, price))
+    assert fleet.spent() != pytest.approx(dollars(90.4, price))
+    clock.now = launched + 59.4  # under a minute: the minimum, as before
+    assert fleet.spent() == pytest.approx(dollars(60, price))
 
 
 def test_dry_run_says_what_it_would_do_and_launches_nothing(aws):

@@ -10,7 +10,7 @@ from mlflow import MlflowClient
 
 from conftest import REPO, TRANSIENTVOD, explain, free_port, mlflow_browser, new_mlflow_store, wait_until
 from transientvod import tracking_names as names
-from transientvod.cost import GCE_ON_DEMAND_USD_PER_HOUR, GCE_SPOT_USD_PER_HOUR
+from transientvod.billing.prices import GCE_ON_DEMAND_USD_PER_HOUR, GCE_SPOT_USD_PER_HOUR
 
 pytestmark = pytest.mark.slow
 

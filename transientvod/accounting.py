@@ -1,7 +1,7 @@
 """The job's books, kept during training: its bill and its MLflow metrics.
 
 The training loop calls four hooks; everything else about cost and tracking lives in
-`job_bill.py` (who is billed for what) and `tracking.py` (how MLflow is talked to):
+`billing/job.py` (who is billed for what) and `tracking.py` (how MLflow is talked to):
 
 - `after_sync` (every rank, after every start and reset of the ring): the workers exchange
   their host names and rank 0 moves the bill to the new membership; the ledger is then
@@ -20,10 +20,11 @@ import time
 import horovod.torch as hvd
 
 from transientvod import tracking_names as names
+from transientvod.billing.job import JobBill
+from transientvod.billing.meter import usd_per_accuracy_point
 from transientvod.config import Config
-from transientvod.cost import usd_per_accuracy_point
 from transientvod.elastic import TransientState
-from transientvod.job_bill import JobBill, revocation_moments
+from transientvod.spot.hosts import USABLE, HostStateError, read_host_state
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,19 @@ def host_name() -> str:
     # Horovod gives each worker the name discovery reported for its host; two local names
     # (localhost, 127.0.0.1) are two hosts to Horovod and to the bill, one to gethostname().
     return os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+
+
+def revocation_moments(config: Config) -> dict[str, float]:
+    """Host -> the moment the provider takes it, for hosts with a notice, from the host-state
+    file when this machine has one (the watcher runs beside the launcher). Read here, not in
+    billing/, which knows nothing of spot/."""
+    if config.spot.provider == "none":
+        return {}
+    try:
+        state = read_host_state(config.host_state_file)
+    except HostStateError:
+        return {}
+    return {h.name: h.terminate_at for h in state.hosts if h.state != USABLE and h.terminate_at is not None}
 
 
 class JobAccounting:

@@ -125,7 +125,7 @@ def fleet_prices(instance_types: list[str], given: dict[str, float], region: str
     """--price for each type that has one; the others at their on-demand price in `region`,
     which bounds what they can cost: the fleet asks for spot instances at EC2's default
     maximum price, the on-demand price. A type with neither is one sentence."""
-    from transientvod.cost import AWS_PRICE_TABLE_REGION, PriceCatalog, PriceError
+    from transientvod.billing.prices import AWS_PRICE_TABLE_REGION, PriceCatalog, PriceError
 
     prices = dict(given)
     catalog = PriceCatalog("aws", region=region)
@@ -148,7 +148,8 @@ def fleet_prices(instance_types: list[str], given: dict[str, float], region: str
 def cmd_fleet(args) -> int:
     import boto3
 
-    from transientvod.spot.fleet import Fleet, FleetSpec
+    from transientvod.spot.fleet import Fleet
+    from transientvod.spot.fleet_spec import FleetSpec
 
     instance_types = [t for t in args.instance_types.split(",") if t]
     region = args.region or boto3.session.Session().region_name or ""
@@ -343,9 +344,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"transientvod: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # data, checkpoint and provider errors are user-fixable too
+        from transientvod.billing.prices import PriceError
         from transientvod.checkpoint import CheckpointError
         from transientvod.compare import CompareError
-        from transientvod.cost import PriceError
         from transientvod.data import DataError
         from transientvod.planner.study_data import PlanError
         from transientvod.spot.provider import ProviderError

@@ -34,8 +34,10 @@ DEVICES = ("auto", "cpu", "cuda")
 CODECS = ("none", "fp16", "bf16", "int8")
 SPOT_PROVIDERS = ("none", "trace", "aws")
 NOTICE_SOURCES = ("none", "aws", "gce", "hoststate")
+# Where a job's servers are billed (billing/ and planner/ read these too).
 CLOUDS = ("gce", "aws")
-MARKETS = ("spot", "on-demand")
+SPOT, ON_DEMAND = "spot", "on-demand"
+MARKETS = (SPOT, ON_DEMAND)
 
 
 class ConfigError(ValueError):
@@ -160,7 +162,7 @@ class NoticeConfig:
 
 @dataclass
 class CostConfig:
-    """What the job's servers cost (transientvod/cost.py): each host in the ring is billed
+    """What the job's servers cost (transientvod/billing/): each host in the ring is billed
     per second at this type's price; the on-demand price of the same type is the yardstick."""
     cloud: str = "gce"  # gce (the study's prices) | aws (on-demand table + spot price history)
     instance_type: str = "k80"  # of every worker host: gce k80|p100|v100; aws p3.2xlarge, g5.xlarge, ...

@@ -210,7 +210,7 @@ class TransientState(TorchState):
     `step`, `epoch`, `world_sizes` (every size the job has run at, in order), `revocations`
     (resets that lost a worker), `steps_lost` (steps redone after rollbacks), `lr_ramp`, and
     the job's books: `started_at` (unix time of the first start), `cost_ledger` (the cost
-    meter's state, see job_bill.py), `ledger_saved_at` and `mlflow_run_id`.
+    meter's state, see billing/job.py), `ledger_saved_at` and `mlflow_run_id`.
     """
 
     def __init__(self, model, optimizer, sampler, lr_rule: LearningRateRule, policy: CommitPolicy, **kwargs):

@@ -113,8 +113,8 @@ def prepare(config: Config, discovery: str | None = None) -> tuple[list[str], Pa
 
 def check_prices(config: Config) -> None:
     """Every price the job's bill needs exists: an unknown type is an error now, not a $0 bill."""
-    from transientvod.cost import PriceError
-    from transientvod.job_bill import check_prices as check
+    from transientvod.billing.job import check_prices as check
+    from transientvod.billing.prices import PriceError
     try:
         check(config)
     except PriceError as e:

@@ -40,10 +40,10 @@ from torch.utils.data import DataLoader, TensorDataset
 import horovod.torch as hvd
 
 from transientvod.accounting import JobAccounting
+from transientvod.billing.prices import PriceError
 from transientvod.checkpoint import CheckpointError, open_store
 from transientvod.checkpoint_writer import BackgroundCheckpointWriter
 from transientvod.config import Config, ConfigError, load_config, to_yaml
-from transientvod.cost import PriceError
 from transientvod.data import DataError, Dataset, load_dataset
 from transientvod.elastic import (NO_VOTE, CommitPolicy, LearningRateRule, ShardSampler, TransientState, Vote,
                                   bound_collective_waits, network_address)

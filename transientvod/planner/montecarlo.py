@@ -39,7 +39,8 @@ pause; in RESTART it restarts the job (after `recovery_s`) once every slot is fi
 Billing (GCE and EC2 alike: per second, one-minute minimum per server): each server, the
 original and every replacement, is billed from its start (t = 0, or its arrival: a server
 waiting for the ring to accept it is already paid for) until min(its revocation, run end),
-as max(60, ceil(seconds)). A failed run is billed up to its failure time.
+by billing.meter.billed_seconds (max(60, ceil(seconds))). A failed run is billed up to its
+failure time.
 
 Decisions beyond the rules above, so that every run is well defined:
 - A rollback never goes below the last point the job is known to hold: the last rollback or
@@ -69,11 +70,10 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit, prange
 
+from transientvod.billing.meter import billed_seconds
+
 STUDY, ELASTIC, RESTART = 0, 1, 2
 SYSTEM_NAMES = ("STUDY", "ELASTIC", "RESTART")
-
-# Both GCE and EC2 bill at least one minute for every server they start.
-MINIMUM_BILLED_SECONDS = 60.0
 
 DAY_S = 24 * 3600.0
 
@@ -196,9 +196,8 @@ def _positive(name, value):
     return value
 
 
-@njit(cache=True)
-def _billed(seconds):
-    return max(MINIMUM_BILLED_SECONDS, np.ceil(seconds))
+# The bill's own rule (per second, rounded up, one minute at least), compiled for the kernel.
+_billed = njit(cache=True)(billed_seconds)
 
 
 # Runs are handed out in blocks, so each thread allocates its per-slot state once per block

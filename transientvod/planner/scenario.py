@@ -26,14 +26,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from transientvod.cost import GCE_ON_DEMAND_USD_PER_HOUR, GCE_SPOT_USD_PER_HOUR
+from transientvod.billing.prices import GCE_ON_DEMAND_USD_PER_HOUR, GCE_SPOT_USD_PER_HOUR
+from transientvod.config import MARKETS
 from transientvod.planner.montecarlo import ELASTIC, RESTART, STUDY, simulate_runs
 from transientvod.planner.speed import SpeedModel, calibrate_k80, scaled, slowdown_for, transient_slowdown
 from transientvod.planner.study_data import TRACE_SIZES, PlanError, gpu_type, load_lifetimes, trace_runs
 
 SYSTEMS = {"study": STUDY, "elastic": ELASTIC, "restart": RESTART}
 REVOCATION_MODELS = ("trace", "lifetimes")
-MARKETS = ("spot", "on-demand")
 # This project's measured recovery: Horovod re-formed the ring 0.7-2.7 s before each
 # revocation in benchmarks/revocations.py (2 cores, Gloo). GPU clusters re-initialise NCCL
 # as well, so the planner assumes 30 s; change it with --recovery-seconds.

@@ -39,10 +39,9 @@ import logging
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
-import boto3
 import botocore.exceptions
-from botocore.config import Config
 
+from transientvod.aws_clients import aws_client, aws_error_sentence, client_error_codes
 from transientvod.spot.hosts import GONE, NOTICED, USABLE, HostStatus
 from transientvod.spot.provider import ProviderError, SpotProvider
 
@@ -71,10 +70,6 @@ GONE_STATES = frozenset({"stopping", "shutting-down", "stopped", "terminated"})
 
 HOST_NAME_FIELDS = {"private-dns": "PrivateDnsName", "private-ip": "PrivateIpAddress"}
 
-# The watcher polls every few seconds: a call that hangs or retries for a minute would leave
-# the host-state file stale while EC2 takes servers away, so fail fast and let the next poll retry.
-CLIENT_CONFIG = Config(connect_timeout=3, read_timeout=10, retries={"max_attempts": 3, "mode": "standard"})
-
 # SQS answers at most 10 messages per receive; a bound on batches per poll keeps a flooded
 # queue from stalling one poll (the rest is read at the next).
 RECEIVE_BATCHES_PER_POLL = 50
@@ -84,11 +79,6 @@ UNLISTED_NOTICE_SECONDS = 600.0
 # EC2 accepts at most 200 values per filter.
 FILTER_VALUES_PER_CALL = 100
 
-ACCESS_DENIED_CODES = frozenset({"AccessDenied", "AccessDeniedException", "UnauthorizedOperation",
-                                 "UnauthorizedAccess", "AuthorizationError"})
-CREDENTIALS_REJECTED_CODES = frozenset({"AuthFailure", "InvalidClientTokenId", "SignatureDoesNotMatch",
-                                        "UnrecognizedClientException", "ExpiredToken", "ExpiredTokenException",
-                                        "RequestExpired", "InvalidAccessKeyId"})
 MISSING_QUEUE_CODES = frozenset({"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"})
 
 
@@ -161,44 +151,10 @@ def _event_time(text, now: float) -> float:
     return moment.timestamp()
 
 
-def client_error_codes(error: botocore.exceptions.ClientError) -> set:
-    details = error.response.get("Error", {})
-    return {details.get("Code"), details.get("QueryErrorCode")}
-
-
 def aws_error(error: Exception, call: str, region: str | None, whose: str) -> ProviderError:
-    """The one-sentence ProviderError for a botocore exception raised by `call`; `whose` names
-    the identity to grant permissions to ("the watcher's", "the fleet's"). Shared by the
-    provider and the fleet, which add their own cases (a missing queue, a missing image)."""
-    e = error
-    if isinstance(e, (botocore.exceptions.NoCredentialsError, botocore.exceptions.PartialCredentialsError)):
-        return ProviderError("no AWS credentials found; configure them (aws configure, environment "
-                             "variables, or an instance role).")
-    if isinstance(e, botocore.exceptions.NoRegionError):
-        return ProviderError("no AWS region set; pass a region or set AWS_DEFAULT_REGION.")
-    if isinstance(e, botocore.exceptions.ProfileNotFound):
-        return ProviderError(f"AWS profile {e.kwargs.get('profile')!r} does not exist; "
-                             "fix AWS_PROFILE or add the profile to ~/.aws/config.")
-    if isinstance(e, (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectTimeoutError,
-                      botocore.exceptions.ConnectionClosedError)):
-        return ProviderError(f"cannot reach the AWS endpoint {e.kwargs.get('endpoint_url', '?')} (region {region}) "
-                             f"for {call}; check the endpoint URL, the region and the network.")
-    if isinstance(e, botocore.exceptions.ReadTimeoutError):
-        return ProviderError(f"the AWS endpoint {e.kwargs.get('endpoint_url', '?')} did not answer {call} in time; "
-                             "check the network (the next poll tries again).")
-    if isinstance(e, botocore.exceptions.ClientError):
-        details = e.response.get("Error", {})
-        codes = client_error_codes(e)
-        if codes & ACCESS_DENIED_CODES:
-            return ProviderError(f"AWS denied {call} to these credentials; grant that permission "
-                                 f"to {whose} user or role.")
-        if codes & CREDENTIALS_REJECTED_CODES:
-            return ProviderError(f"AWS rejected the credentials for {call} ({details.get('Code')}); "
-                                 "check or refresh them (aws configure, environment variables, "
-                                 "or an instance role).")
-        message = (details.get("Message") or "no message").rstrip(".")
-        return ProviderError(f"AWS answered {call} with {details.get('Code')}: {message}.")
-    return ProviderError(f"the AWS call {call} failed ({e}).")
+    """The one-sentence ProviderError for a botocore exception raised by `call` (the wording is
+    aws_clients.aws_error_sentence's); shared by the provider and the fleet."""
+    return ProviderError(aws_error_sentence(error, call, region, whose))
 
 
 class AwsProvider(SpotProvider):
@@ -227,14 +183,16 @@ class AwsProvider(SpotProvider):
         self._slots_by_type: dict[str, int] = {}
         # EC2 drops a terminated instance's private DNS name and address; keep the name it ran under.
         self._names: dict[str, str] = {}
-        session = session or boto3.session.Session(region_name=region)
-        self.region = region or session.region_name
+        self.region = region
+        # The watcher polls every few seconds: the clients' short timeouts (aws_clients) keep a
+        # hanging call from leaving the host-state file stale while EC2 takes servers away.
         with self._provider_errors("creating the EC2 client"):
-            self._ec2 = session.client("ec2", region_name=region, endpoint_url=endpoint_url, config=CLIENT_CONFIG)
+            self._ec2 = aws_client("ec2", region, endpoint_url, session)
+        self.region = self._ec2.meta.region_name  # the region boto3 chose, for the messages
         self._sqs = None
         if queue_url:
             with self._provider_errors("creating the SQS client"):
-                self._sqs = session.client("sqs", region_name=region, endpoint_url=endpoint_url, config=CLIENT_CONFIG)
+                self._sqs = aws_client("sqs", region, endpoint_url, session)
 
     def poll(self, now: float) -> list[HostStatus]:
         if self._sqs is not None:

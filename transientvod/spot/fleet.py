@@ -7,23 +7,16 @@ that is stopping, shutting down, stopped or terminated (EC2 revoked it, or someo
 no longer counts; the next pass launches its replacement. At the end, or on Ctrl-C, the fleet
 terminates every instance of the job, the ones it found as well as the ones it started.
 
-The budget rule. Before each launch the fleet requires::
+The budget rule is billing/budget.py's: before each launch, spent() plus an hour (the
+horizon) of everything running and the new server must stay within the budget; a pass that
+would break it launches nothing more and answers a "hold" action quoting the numbers.
 
-    spent() + (committed_rate() + price(new type)) * BUDGET_HORIZON_HOURS <= budget
-
-that is, it never starts a server whose first horizon, together with everything already
-running, could push the total past the budget; a pass that would break the rule launches
-nothing more and answers a "hold" action quoting the numbers. The rule caps what the fleet
-starts, not what runs: instances already running keep training (killing a worker mid-step
-loses work), so stop the fleet once `spent()` nears the budget if it is a hard limit.
-
-Billing is per second, as EC2 bills Linux instances (and GCE every instance), with a minimum
-of one minute per instance: an instance costs its type's `hourly_price` for
-max(60 s, end - LaunchTime), where the end is now for a pending or running instance, and
-for an ended one the time EC2 reports in its state transition reason, or else the time this
-fleet first saw it ended. Prices are what the caller says (spot prices move); seconds of an
-instance that EC2 interrupts are counted even though EC2 may waive them, so the estimate errs
-on the side of spending less.
+An instance costs its type's `hourly_price` for billing.meter.billed_seconds(end -
+LaunchTime) (per second, rounded up, one minute at least), where the end is now for a
+pending or running instance, and for an ended one the time EC2 reports in its state
+transition reason, or else the time this fleet first saw it ended. Prices are what the
+caller says (spot prices move); seconds of an instance that EC2 interrupts are counted even
+though EC2 may waive them, so the estimate errs on the side of spending less.
 
 A dry run calls only DescribeImages and DescribeInstances: each pass answers the actions it
 would take and logs them.
@@ -37,30 +30,22 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import os
 import re
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-import boto3
 import botocore.exceptions
-from botocore.config import Config
 
-from transientvod.spot.aws import FILTER_VALUES_PER_CALL, GONE_STATES, INSTANCE_STATES, aws_error, client_error_codes
+from transientvod.aws_clients import aws_client, client_error_codes
+from transientvod.billing.budget import budget_horizon_hours, launch_verdict
+from transientvod.billing.meter import billed_seconds
+from transientvod.spot.aws import FILTER_VALUES_PER_CALL, GONE_STATES, INSTANCE_STATES, aws_error
+from transientvod.spot.fleet_spec import FleetAction, FleetSpec
 from transientvod.spot.provider import ProviderError
 
 log = logging.getLogger(__name__)
-
-# How far ahead the budget rule looks: a launch must leave room for this many hours of
-# everything running plus the new server. Override with TRANSIENTVOD_FLEET_HORIZON_HOURS.
-BUDGET_HORIZON_HOURS = 1.0
-HORIZON_ENVIRONMENT_VARIABLE = "TRANSIENTVOD_FLEET_HORIZON_HOURS"
-# EC2 (Linux) and GCE bill per second after the first minute.
-MINIMUM_BILLED_SECONDS = 60.0
 
 # Answers of RunInstances that say "not this type, not now": the fleet tries the next type.
 CAPACITY_ERROR_CODES = frozenset({"InsufficientInstanceCapacity", "SpotMaxPriceTooLow", "Unsupported"})
@@ -71,76 +56,11 @@ ALIVE_STATES = frozenset({"pending", "running"})
 LISTING_DELAY_SECONDS = 60.0
 
 # RunInstances can take longer to answer than a describe call; the ClientToken on each
-# launch makes the retries safe (EC2 starts one instance per token).
-CLIENT_CONFIG = Config(connect_timeout=3, read_timeout=30, retries={"max_attempts": 3, "mode": "standard"})
+# launch makes the factory's retries safe (EC2 starts one instance per token).
+READ_TIMEOUT_SECONDS = 30
 
 # "User initiated (2026-11-30 04:00:52 GMT)": EC2 writes GMT, moto writes UTC.
 TRANSITION_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
-
-
-@dataclass
-class FleetSpec:
-    job_tag: str
-    instance_types: list[str]  # tried in order when launching (capacity may lack one type)
-    target: int  # instances to keep alive
-    image_id: str
-    hourly_price: dict[str, float]  # $/hour per instance type; every type the fleet meets needs one
-    budget: float | None = None  # dollars for the whole fleet's life; None = no limit
-    subnet_id: str | None = None
-    key_name: str | None = None
-    security_group_ids: list[str] = field(default_factory=list)
-    user_data: str = ""
-    tag_key: str = "transientvod:job"
-
-    def __post_init__(self):
-        if not self.job_tag:
-            raise ValueError("job_tag is empty; set it to the value of the tag your job's instances carry.")
-        if not isinstance(self.target, int) or self.target < 0:
-            raise ValueError(f"target is {self.target!r}; it must be a whole number of instances, 0 or more.")
-        if not self.instance_types:
-            raise ValueError("instance_types is empty; list at least one EC2 instance type to launch.")
-        if not self.image_id:
-            raise ValueError("image_id is empty; set it to the AMI the fleet's instances boot.")
-        for instance_type in self.instance_types:
-            if instance_type not in self.hourly_price:
-                raise ValueError(f"instance type {instance_type!r} has no price in hourly_price; "
-                                 "add its $/hour so the fleet can keep to the budget.")
-        for instance_type, price in self.hourly_price.items():
-            if not isinstance(price, (int, float)) or not math.isfinite(price) or price <= 0:
-                raise ValueError(f"the price of {instance_type!r} is {price!r}; it must be a positive "
-                                 "number of dollars per hour.")
-        if self.budget is not None and (not math.isfinite(self.budget) or self.budget <= 0):
-            raise ValueError(f"budget is {self.budget!r}; it must be a positive number of dollars, "
-                             "or None for no limit.")
-
-
-@dataclass(frozen=True)
-class FleetAction:
-    """What one reconcile step did (or, in a dry run, would do)."""
-
-    kind: str  # "launch" | "replace" | "terminate" | "hold" (the budget rule stopped a launch)
-    instance_type: str | None
-    instance_id: str | None  # None for a hold, and for a launch a dry run only imagines
-    reason: str
-
-
-def budget_horizon_hours() -> float:
-    """BUDGET_HORIZON_HOURS, or the hours TRANSIENTVOD_FLEET_HORIZON_HOURS sets."""
-    text = os.environ.get(HORIZON_ENVIRONMENT_VARIABLE)
-    if text is None or not text.strip():
-        return BUDGET_HORIZON_HOURS
-    try:
-        hours = float(text)
-    except ValueError:
-        hours = math.nan
-    if not math.isfinite(hours) or hours < 0:
-        raise ValueError(f"{HORIZON_ENVIRONMENT_VARIABLE} is {text!r}; set it to a number of hours, 0 or more.")
-    return hours
-
-
-def billed_seconds(launched_at: float, ended_at: float) -> float:
-    """Seconds EC2 bills for an instance that ran from `launched_at` to `ended_at`."""
-    return max(MINIMUM_BILLED_SECONDS, ended_at - launched_at)
 
 
 def transition_time(instance: dict) -> float | None:
@@ -185,10 +105,10 @@ class Fleet:
         self._holding = False
         # run() may reconcile on one thread while another asks spent().
         self._lock = threading.RLock()
-        session = session or boto3.session.Session(region_name=region)
-        self.region = region or session.region_name
+        self.region = region
         with self._aws_errors("creating the EC2 client"):
-            self._ec2 = session.client("ec2", region_name=region, endpoint_url=endpoint_url, config=CLIENT_CONFIG)
+            self._ec2 = aws_client("ec2", region, endpoint_url, session, read_timeout=READ_TIMEOUT_SECONDS)
+        self.region = self._ec2.meta.region_name  # the region boto3 chose, for the messages
 
     # --- the public face -----------------------------------------------------------------------
 
@@ -343,7 +263,7 @@ class Fleet:
                 ended_at = now
             else:
                 ended_at = transition_time(instance) or self._ended_at.get(instance["InstanceId"], now)
-            dollars += billed_seconds(_launched_at(instance), ended_at) / 3600.0 * self._price(instance)
+            dollars += billed_seconds(ended_at - _launched_at(instance)) / 3600.0 * self._price(instance)
         return dollars
 
     def _committed_rate(self, instances: list[dict]) -> float:
@@ -369,9 +289,9 @@ class Fleet:
         no_capacity = []
         for instance_type in self.spec.instance_types:
             price = self.spec.hourly_price[instance_type]
-            projected = spent + (rate + price) * self.horizon_hours
-            if self.spec.budget is not None and projected > self.spec.budget:
-                held.append((projected, instance_type, price))
+            verdict = launch_verdict(spent, rate, price, self.horizon_hours, self.spec.budget)
+            if not verdict.allowed:
+                held.append((verdict.projected_usd, instance_type, price))
                 continue
             if self.dry_run:
                 instances.append(self._imagined_instance(instance_type, now))

@@ -1,20 +1,9 @@
-"""What each server of a job cost, billed per second, revoked ones up to their revocation.
+"""What one server costs per hour, and over an interval, on one cloud.
 
-Three pieces:
-
-- `PriceCatalog` answers what one server costs per hour and over an interval: the study's
-  static GCE prices, or AWS on-demand list prices plus the spot price history EC2 publishes
-  (`SpotPriceHistory`, which integrates the piecewise-constant spot price over time).
-- `CostMeter` is fed the job's membership events (a host joins the ring, leaves it, or is
-  known to be revoked at a later moment; an always-on coordinator or parameter server runs
-  throughout) and answers a `Bill` at any moment: what was spent, what the same billed
-  seconds would have cost on demand, and one line per server segment. Its `state()` is plain
-  JSON, so the training loop keeps it in its checkpoint and the meter survives a restart.
-- `usd_per_accuracy_point`, the study's yardstick for comparing runs.
-
-Both GCE and EC2 (Linux) bill per second with a one-minute minimum per server: a segment
-of s seconds is billed max(60, ceil(s)) whole seconds. A host that leaves and comes back is
-a new server, so it starts a new minimum.
+`PriceCatalog` answers with the study's static GCE prices, or with AWS on-demand list
+prices (a built-in us-east-1 table, or a CSV price table from `load_price_table`) plus the
+spot price history EC2 publishes (`SpotPriceHistory`, which integrates the
+piecewise-constant spot price over time). The per-second bill with its minimum is meter.py's.
 
 Times are unix seconds (floats); the catalog and the spot history also take datetimes.
 Never imports torch or horovod: the launcher side imports this module too.
@@ -26,20 +15,13 @@ import csv
 import math
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
-import boto3
 import botocore.exceptions
-from botocore.config import Config
 
-from transientvod.spot.aws import aws_error
-from transientvod.spot.fleet import MINIMUM_BILLED_SECONDS
-
-CLOUDS = ("gce", "aws")
-SPOT = "spot"
-ON_DEMAND = "on-demand"
-MARKETS = (SPOT, ON_DEMAND)
+from transientvod.aws_clients import aws_client, aws_error_sentence
+from transientvod.config import CLOUDS, MARKETS, ON_DEMAND, SPOT
 
 # The study's GCE prices, $/hour (Li, Walls, Xu, Guo, "Speeding up Deep Learning with
 # Transient Servers", ICAC 2019; shared/data/gce-2019/README.md). Static: GCE preemptible
@@ -65,9 +47,6 @@ PRICE_TABLE_COLUMNS = ("instance_type", "on_demand_usd_per_hour")
 # seconds must not call AWS every time.
 SPOT_PRICE_FRESH_SECONDS = 300.0
 
-# A bill is asked for from the training loop: fail fast rather than stall a step for a minute.
-CLIENT_CONFIG = Config(connect_timeout=3, read_timeout=10, retries={"max_attempts": 3, "mode": "standard"})
-
 
 class PriceError(ValueError):
     """A server cannot be priced (unknown instance type, cloud or market, a broken price
@@ -83,7 +62,7 @@ def _unix(moment) -> float:
     return float(moment)
 
 
-def _iso(unix_seconds: float) -> str:
+def iso_utc(unix_seconds: float) -> str:
     return datetime.fromtimestamp(unix_seconds, timezone.utc).isoformat()
 
 
@@ -98,7 +77,7 @@ def _check_price(price, what: str) -> float:
     return value
 
 
-def _checked_market(market: str) -> str:
+def checked_market(market: str) -> str:
     if market not in MARKETS:
         raise PriceError(f"market {market!r} is unknown; use one of {', '.join(MARKETS)}.")
     return market
@@ -198,7 +177,7 @@ class SpotPriceHistory:
         changing wherever the history says it changed."""
         instance_type, start, end = instance_type.lower(), _unix(start), _unix(end)
         if end < start:
-            raise PriceError(f"the interval ends ({_iso(end)}) before it starts ({_iso(start)}).")
+            raise PriceError(f"the interval ends ({iso_utc(end)}) before it starts ({iso_utc(start)}).")
         rows = self._history(instance_type, start, end)
         index = self._index_at(instance_type, rows, start)
         dollars, since, price = 0.0, start, rows.prices[index]
@@ -245,15 +224,15 @@ class SpotPriceHistory:
             params["AvailabilityZone"] = self.zone
         try:
             if self._client is None:
-                session = self._session or boto3.session.Session(region_name=self.region or None)
-                self._client = session.client("ec2", region_name=self.region or None,
-                                              endpoint_url=self._endpoint_url, config=CLIENT_CONFIG)
+                # A bill is asked for from the training loop: the factory's short timeouts fail
+                # fast rather than stall a step for a minute.
+                self._client = aws_client("ec2", self.region or None, self._endpoint_url, self._session)
                 # The region boto3 chose, for the messages.
                 self.region = self._client.meta.region_name
             pages = self._client.get_paginator("describe_spot_price_history").paginate(**params)
             return [row for page in pages for row in page.get("SpotPriceHistory", [])]
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
-            raise PriceError(str(aws_error(e, call, self.region or None, "the cost meter's"))) from e
+            raise PriceError(aws_error_sentence(e, call, self.region or None, "the cost meter's")) from e
 
     def _parse(self, instance_type: str, rows: Iterable[Mapping], covered_from: float, covered_to: float,
                fetched_at: float) -> _SpotRows:
@@ -282,7 +261,7 @@ class SpotPriceHistory:
         index = bisect.bisect_right(rows.moments, at) - 1
         if index < 0:
             raise PriceError(f"no spot price of {instance_type} in {self._where()} is known at or "
-                             f"before {_iso(at)}.")
+                             f"before {iso_utc(at)}.")
         return index
 
 
@@ -320,7 +299,7 @@ class PriceCatalog:
 
     def hourly(self, instance_type: str, market: str, at=None) -> float:
         """$/hour of one server in `market` at `at` (unix seconds or a datetime; None means now)."""
-        if _checked_market(market) == ON_DEMAND:
+        if checked_market(market) == ON_DEMAND:
             return self.on_demand_hourly(instance_type)
         if self.cloud == "gce":
             return self._gce_spot(instance_type)
@@ -332,8 +311,8 @@ class PriceCatalog:
         """Dollars one server cost from `start` to `end` (no minimum: CostMeter bills that)."""
         start, end = _unix(start), _unix(end)
         if end < start:
-            raise PriceError(f"the interval ends ({_iso(end)}) before it starts ({_iso(start)}).")
-        if _checked_market(market) == SPOT and self.cloud == "aws":
+            raise PriceError(f"the interval ends ({iso_utc(end)}) before it starts ({iso_utc(start)}).")
+        if checked_market(market) == SPOT and self.cloud == "aws":
             # Priced first, so an unknown type fails the same way in both markets.
             self.on_demand_hourly(instance_type)
             return self.spot_history.cost(instance_type, start, end)
@@ -360,173 +339,3 @@ class PriceCatalog:
         return PriceError(f"instance type {instance_type!r} has no on-demand price on aws region {region}; "
                           f"add it to a price table ({','.join(PRICE_TABLE_COLUMNS)}) and pass "
                           "load_price_table(path) as on_demand_overrides.")
-
-
-@dataclass(frozen=True)
-class BillLine:
-    """One server segment: a host from its join to its leave, or an always-on server."""
-
-    host: str
-    instance_type: str
-    market: str
-    start: float
-    end: float | None  # None: still running at the bill's moment
-    billed_seconds: float
-    usd: float
-    on_demand_usd: float  # the same billed seconds at the type's on-demand price
-    always_on: bool = False
-
-
-@dataclass(frozen=True)
-class Bill:
-    cost_usd: float
-    on_demand_usd: float  # every line's billed seconds at its type's on-demand price
-    savings_pct: float  # 100 x (1 - cost / on-demand); 0 when nothing was billed
-    host_seconds: float  # billed seconds of every server, always-on ones included
-    lines: tuple[BillLine, ...]
-
-
-@dataclass
-class _Segment:
-    host: str
-    instance_type: str
-    market: str
-    start: float
-    end: float | None = None  # may lie in the future: a revoked host is billed until EC2/GCE takes it
-    always_on: bool = False
-
-
-class CostMeter:
-    """Bills the job's servers per second from membership events.
-
-    `join`/`leave` follow the hosts of the ring; repeating an event is a no-op that answers
-    False (discovery reports the same membership many times). `add_always_on` bills a server
-    on demand from a moment until `stop_always_on`. `bill(now)` answers what the cloud would
-    charge if every running server ended now.
-    """
-
-    def __init__(self, catalog: PriceCatalog, minimum_billed_seconds: float = MINIMUM_BILLED_SECONDS):
-        if not (isinstance(minimum_billed_seconds, (int, float)) and math.isfinite(minimum_billed_seconds)
-                and minimum_billed_seconds >= 0):
-            raise ValueError(f"minimum_billed_seconds is {minimum_billed_seconds!r}; it must be a number "
-                             "of seconds, 0 or more.")
-        self.catalog = catalog
-        self.minimum_billed_seconds = float(minimum_billed_seconds)
-        self._segments: list[_Segment] = []
-        # The open segment of each host in the ring, and of each always-on server: two name
-        # spaces, so that set_members never ends a parameter server.
-        self._hosts: dict[str, _Segment] = {}
-        self._always_on: dict[str, _Segment] = {}
-
-    # --- membership ------------------------------------------------------------------------------
-
-    def join(self, host: str, at: float, instance_type: str, market: str) -> bool:
-        """Starts billing `host` at `at`; False if it is in already."""
-        if host in self._hosts:
-            return False
-        self._start(self._hosts, _Segment(host, instance_type, market, float(at)))
-        return True
-
-    def leave(self, host: str, at: float) -> bool:
-        """Ends `host`'s segment at `at`, which may lie in the future (a revoked host is billed
-        until its revocation); False if the host is not in."""
-        return self._end(self._hosts, host, at)
-
-    def set_members(self, members: Mapping[str, tuple[str, str]], at: float) -> tuple[list[str], list[str]]:
-        """Makes the ring `members` ({host: (instance_type, market)}) from `at` on: joins the new
-        hosts, leaves the missing ones. Answers (joined, left)."""
-        joined = [host for host, (instance_type, market) in members.items()
-                  if self.join(host, at, instance_type, market)]
-        left = [host for host in list(self._hosts) if host not in members and self.leave(host, at)]
-        return joined, left
-
-    def add_always_on(self, name: str, instance_type: str, at: float) -> bool:
-        """Bills `name` on demand from `at` (a coordinator, a parameter server, a storage node);
-        False if it runs already."""
-        if name in self._always_on:
-            return False
-        self._start(self._always_on, _Segment(name, instance_type, ON_DEMAND, float(at), always_on=True))
-        return True
-
-    def stop_always_on(self, name: str, at: float) -> bool:
-        return self._end(self._always_on, name, at)
-
-    # --- the bill --------------------------------------------------------------------------------
-
-    def billed_seconds(self, seconds: float) -> float:
-        """Whole seconds the cloud bills for a segment of `seconds`: ceil, one minimum at least."""
-        # Rounded to microseconds first: 1090.1 - 1000.1 is 90.00000000000011 in floats, not 91 s.
-        return max(self.minimum_billed_seconds, float(math.ceil(round(seconds, 6))))
-
-    def bill(self, now: float) -> Bill:
-        """What the servers cost up to `now`: ended segments in full, running ones as if they
-        ended now; segments that start after `now` are left out."""
-        lines = []
-        for segment in self._segments:
-            if segment.start > now:
-                continue
-            ended = segment.end is not None and segment.end <= now
-            end = segment.end if ended else now
-            seconds = self.billed_seconds(end - segment.start)
-            # The minimum is charged as if the server ran that long, at the prices of that time.
-            billed_until = segment.start + seconds
-            lines.append(BillLine(
-                host=segment.host, instance_type=segment.instance_type, market=segment.market,
-                start=segment.start, end=end if ended else None, billed_seconds=seconds,
-                usd=self.catalog.cost(segment.instance_type, segment.market, segment.start, billed_until),
-                on_demand_usd=self.catalog.on_demand_hourly(segment.instance_type) * seconds / 3600.0,
-                always_on=segment.always_on))
-        cost = sum(line.usd for line in lines)
-        on_demand = sum(line.on_demand_usd for line in lines)
-        savings = 100.0 * (1.0 - cost / on_demand) if on_demand > 0 else 0.0
-        return Bill(cost_usd=cost, on_demand_usd=on_demand, savings_pct=savings,
-                    host_seconds=sum(line.billed_seconds for line in lines), lines=tuple(lines))
-
-    # --- surviving a restart ---------------------------------------------------------------------
-
-    def state(self) -> dict:
-        """Every segment, ended or running, as plain JSON data (kept in the job's checkpoint)."""
-        return {"minimum_billed_seconds": self.minimum_billed_seconds,
-                "segments": [asdict(segment) for segment in self._segments]}
-
-    @classmethod
-    def from_state(cls, catalog: PriceCatalog, state: Mapping) -> CostMeter:
-        """The meter whose state() was `state`."""
-        try:
-            meter = cls(catalog, state["minimum_billed_seconds"])
-            for fields in state["segments"]:
-                segment = _Segment(**fields)
-                meter._segments.append(segment)
-                if segment.end is None:
-                    (meter._always_on if segment.always_on else meter._hosts)[segment.host] = segment
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"the cost meter state is not one that CostMeter.state() wrote ({e!r}).") from e
-        return meter
-
-    # --- segments ----------------------------------------------------------------------------------
-
-    def _start(self, open_segments: dict[str, _Segment], segment: _Segment) -> None:
-        # Priced now, so that a type or market the catalog cannot price fails at the join,
-        # not at the end of the run.
-        self.catalog.on_demand_hourly(segment.instance_type)
-        _checked_market(segment.market)
-        open_segments[segment.host] = segment
-        self._segments.append(segment)
-
-    @staticmethod
-    def _end(open_segments: dict[str, _Segment], name: str, at: float) -> bool:
-        segment = open_segments.get(name)
-        if segment is None:
-            return False
-        if at < segment.start:
-            raise ValueError(f"{name} cannot leave at {_iso(at)}, before it joined at {_iso(segment.start)}.")
-        segment.end = float(at)
-        del open_segments[name]
-        return True
-
-
-def usd_per_accuracy_point(cost: float, accuracy: float) -> float:
-    """The study's yardstick: dollars per point of top-1 accuracy (accuracy as 0..1)."""
-    if not 0 < accuracy <= 1:
-        raise ValueError(f"accuracy is {accuracy!r}; give it as a fraction above 0 and at most 1 (0.9123 for 91.23%).")
-    return cost / (100.0 * accuracy)

@@ -2,7 +2,7 @@
 (a moto server on 127.0.0.1, reached through AWS_ENDPOINT_URL as a user's own endpoint
 would be) and the bill in the summary and in MLflow is the one those prices give.
 
-moto answers one fixed spot price per zone (see test_cost.py), so the expected price is read
+moto answers one fixed spot price per zone (see test_prices.py), so the expected price is read
 from moto with a plain boto3 call, never written into the test."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from mlflow import MlflowClient
 
 from conftest import explain, moto_aws
 from transientvod import tracking_names as names
-from transientvod.cost import AWS_ON_DEMAND_USD_PER_HOUR
+from transientvod.billing.prices import AWS_ON_DEMAND_USD_PER_HOUR
 
 pytestmark = pytest.mark.slow
 

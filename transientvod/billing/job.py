@@ -3,23 +3,23 @@
 Whoever is rank 0 keeps it. After every (re)start of the ring the workers tell each other
 their host names; a host whose first worker joins starts a billing segment at its configured
 type and market, a host with no worker left ends one. A host that left because it was
-revoked is billed up to its revocation when the host-state file knows that moment (a replayed
-trace, an EC2 two-minute notice): the cloud bills a server until it takes it, not until the
-job let it go. Always-on servers (`cost.always_on`, for example the study's parameter
-server) are billed on-demand from the job's start to its end.
+revoked is billed up to its revocation when the caller knows that moment (accounting.py reads
+it from the host-state file: a replayed trace, an EC2 two-minute notice): the cloud bills a
+server until it takes it, not until the job let it go. Always-on servers (`cost.always_on`,
+for example the study's parameter server) are billed on-demand from the job's start to its end.
 
 The meter's state is plain JSON kept in the elastic state and the checkpoint, so a new rank 0
 after a revocation, or a job restarted from its checkpoint, carries the bill on.
 
-Imports neither torch nor horovod: the launcher checks prices with it before a job starts.
+Imports neither torch nor horovod nor spot/: the launcher checks prices with it before a job starts.
 """
 from __future__ import annotations
 
 import time
 
+from transientvod.billing.meter import Bill, CostMeter
+from transientvod.billing.prices import PriceCatalog, SpotPriceHistory, load_price_table
 from transientvod.config import Config
-from transientvod.cost import Bill, CostMeter, PriceCatalog, SpotPriceHistory, load_price_table
-from transientvod.spot.hosts import USABLE, HostStateError, read_host_state
 
 
 def price_catalog(config: Config) -> PriceCatalog:
@@ -44,18 +44,6 @@ def check_prices(config: Config, now: float | None = None) -> None:
     for instance_type in [config.cost.instance_type] + always_on_types(config):
         catalog.on_demand_hourly(instance_type)
     catalog.hourly(config.cost.instance_type, config.cost.market, now)
-
-
-def revocation_moments(config: Config) -> dict[str, float]:
-    """Host -> the moment the provider takes it, for hosts with a notice, from the host-state
-    file when this machine has one (the watcher runs beside the launcher)."""
-    if config.spot.provider == "none":
-        return {}
-    try:
-        state = read_host_state(config.host_state_file)
-    except HostStateError:
-        return {}
-    return {h.name: h.terminate_at for h in state.hosts if h.state != USABLE and h.terminate_at is not None}
 
 
 class JobBill:

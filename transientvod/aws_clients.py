@@ -1,0 +1,87 @@
+"""boto3 clients made one way, and the one-sentence errors their calls end in.
+
+The watcher (spot/aws.py), the fleet (spot/fleet.py) and the spot price history
+(billing/prices.py) all talk to AWS. Here, and only here, a client gets its timeouts, its
+retries, its region and the user's endpoint URL, and a botocore exception becomes a sentence
+naming the thing to fix. The callers wrap that sentence in their own error type
+(ProviderError, PriceError), so this module sits below both spot/ and billing/ and imports
+neither; it lives at the top of the package for that reason, not in spot/ (billing must not
+import spot: the fleet imports billing).
+
+Credentials are not looked up when a client is made: boto3 does that at the first call (an
+instance role may take a metadata round trip), and a missing one then reads
+"no AWS credentials found; ...", like every other error here.
+"""
+from __future__ import annotations
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+
+# The callers poll or bill from a loop: a call that hangs or retries for a minute stalls the
+# loop, so connect fast and let the next poll retry rather than retrying long here.
+CONNECT_TIMEOUT_SECONDS = 3
+READ_TIMEOUT_SECONDS = 10
+MAX_ATTEMPTS = 3
+
+ACCESS_DENIED_CODES = frozenset({"AccessDenied", "AccessDeniedException", "UnauthorizedOperation",
+                                 "UnauthorizedAccess", "AuthorizationError"})
+CREDENTIALS_REJECTED_CODES = frozenset({"AuthFailure", "InvalidClientTokenId", "SignatureDoesNotMatch",
+                                        "UnrecognizedClientException", "ExpiredToken", "ExpiredTokenException",
+                                        "RequestExpired", "InvalidAccessKeyId"})
+NO_CREDENTIALS = ("no AWS credentials found; configure them (aws configure, environment variables, "
+                  "or an instance role).")
+
+
+def client_config(read_timeout: float = READ_TIMEOUT_SECONDS) -> Config:
+    """Timeouts and botocore's "standard" retries (which back off on throttling)."""
+    return Config(connect_timeout=CONNECT_TIMEOUT_SECONDS, read_timeout=read_timeout,
+                  retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"})
+
+
+def aws_client(service: str, region: str | None = None, endpoint_url: str | None = None, session=None,
+               read_timeout: float = READ_TIMEOUT_SECONDS):
+    """A boto3 client of `service` in `region` (None: the session's, from AWS_DEFAULT_REGION or
+    ~/.aws/config), at `endpoint_url` (None: AWS's, or AWS_ENDPOINT_URL). `session` defaults to a
+    new one; tests pass theirs to count or watch the calls. Raises botocore's exceptions
+    (NoRegionError, ProfileNotFound): the caller turns them into its error with aws_error_sentence."""
+    session = session or boto3.session.Session(region_name=region)
+    return session.client(service, region_name=region, endpoint_url=endpoint_url,
+                          config=client_config(read_timeout))
+
+
+def client_error_codes(error: botocore.exceptions.ClientError) -> set:
+    details = error.response.get("Error", {})
+    return {details.get("Code"), details.get("QueryErrorCode")}
+
+
+def aws_error_sentence(error: Exception, call: str, region: str | None, whose: str) -> str:
+    """One sentence for a botocore exception raised by `call`; `whose` names the identity to
+    grant permissions to ("the watcher's", "the fleet's"). Callers add their own cases first
+    (a missing queue, a missing image)."""
+    e = error
+    if isinstance(e, (botocore.exceptions.NoCredentialsError, botocore.exceptions.PartialCredentialsError)):
+        return NO_CREDENTIALS
+    if isinstance(e, botocore.exceptions.NoRegionError):
+        return "no AWS region set; pass a region or set AWS_DEFAULT_REGION."
+    if isinstance(e, botocore.exceptions.ProfileNotFound):
+        return (f"AWS profile {e.kwargs.get('profile')!r} does not exist; "
+                "fix AWS_PROFILE or add the profile to ~/.aws/config.")
+    if isinstance(e, (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectTimeoutError,
+                      botocore.exceptions.ConnectionClosedError)):
+        return (f"cannot reach the AWS endpoint {e.kwargs.get('endpoint_url', '?')} (region {region}) "
+                f"for {call}; check the endpoint URL, the region and the network.")
+    if isinstance(e, botocore.exceptions.ReadTimeoutError):
+        return (f"the AWS endpoint {e.kwargs.get('endpoint_url', '?')} did not answer {call} in time; "
+                "check the network (the next poll tries again).")
+    if isinstance(e, botocore.exceptions.ClientError):
+        details = e.response.get("Error", {})
+        codes = client_error_codes(e)
+        if codes & ACCESS_DENIED_CODES:
+            return f"AWS denied {call} to these credentials; grant that permission to {whose} user or role."
+        if codes & CREDENTIALS_REJECTED_CODES:
+            return (f"AWS rejected the credentials for {call} ({details.get('Code')}); "
+                    "check or refresh them (aws configure, environment variables, or an instance role).")
+        message = (details.get("Message") or "no message").rstrip(".")
+        return f"AWS answered {call} with {details.get('Code')}: {message}."
+    return f"the AWS call {call} failed ({e})."
