@@ -61,14 +61,15 @@ class JobBill:
                 self.meter.add_always_on(name, instance_type, now)
 
     def follow_ring(self, hosts: list[str], now: float, revoked_at: dict[str, float] | None = None) -> tuple[list[str], list[str]]:
-        """The ring now holds `hosts` (one entry per worker); returns (joined, left).
+        """The ring now holds `hosts` (one entry per worker); returns (joined, left), each sorted
+        (the ring is a set, whose order changes from process to process with string hashing).
         `revoked_at`: the known revocation moments of hosts, billed until then if later."""
         ring = set(hosts)
         left_later = [host for host, when in (revoked_at or {}).items()
                       if host not in ring and when > now and self.meter.leave(host, when)]
         member = (self.config.cost.instance_type, self.config.cost.market)
         joined, left = self.meter.set_members({host: member for host in ring}, now)
-        return joined, sorted(left + left_later)
+        return sorted(joined), sorted(left + left_later)
 
     def restart(self, last_seen: float, now: float) -> None:
         """The job was down: the servers of its previous run are billed up to `last_seen` (the
