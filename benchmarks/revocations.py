@@ -39,6 +39,8 @@ from pathlib import Path
 
 import yaml
 
+from revocation_outcome import revocation_delays, why_it_failed
+
 REPO = Path(__file__).resolve().parents[1]
 TRACE = REPO / "benchmarks" / "traces" / "three_revocations.csv"
 FIRST_REVOCATION = 634.633528
@@ -72,19 +74,10 @@ def run(workdir: Path, name: str, notices: bool, steps: int, time_scale: float, 
         # Plain elastic can lose the whole job when hard kills come close together (the last
         # survivor times out re-forming the ring); report it rather than stop the benchmark.
         steps = [json.loads(line).get("step", 0) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        why = [line for line in done.stderr.splitlines() if "timeout" in line.lower() or "failure count" in line]
-        return {"failed": True, "last_step": max(steps, default=0), "why": why[-1][-160:] if why else "see its log"}
+        return {"failed": True, "last_step": max(steps, default=0), "why": why_it_failed(done.stderr)}
     summary = json.loads((run_dir / "summary.json").read_text())
-    hosts = json.loads((run_dir / "hosts.json").read_text())["hosts"]
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     recoveries = [m.groupdict() for m in RECOVERY.finditer(done.stderr)]
-    revoked = sorted((h for h in hosts if h["state"] == "gone"), key=lambda h: h["terminate_at"])
-    # For each revocation: the first sync at a size no larger than what was left after it.
-    delays = []
-    for left, host in enumerate(revoked, start=1):
-        size_after = 4 - left
-        synced = [e["time"] for e in events if e["rank"] == 0 and e["size"] <= size_after]
-        delays.append(min(synced) - host["terminate_at"] if synced else float("nan"))
+    delays = revocation_delays(run_dir, hosts_at_start=4)
     return {
         "wall_s": summary["wall_seconds"],
         "steps_lost": summary["steps_lost"],

@@ -29,9 +29,10 @@ beside the job, as a loaded machine's other work would be.
 - throughput: ResNet-32 (0.46 M parameters, 1.86 MB of fp32 gradient) on the 8x8 digits,
   batch 16 per worker, 4 hosts at 1gbit and at 100mbit: steps/s for synchronous training and
   for staleness 2 with codec none, fp16 and int8, compressed from the first step.
-- notices: the tiny job on 4 shaped hosts with notices on (a replayed trace whose first notice
-  comes after the job; every step votes with an async allreduce) and off (no watcher),
-  alternating, `--repeat` times each. Goal: on within 2 % of off.
+- notices: the tiny job on 4 shaped hosts, discovery from a replayed trace whose first notice
+  comes after the job, with notices on (a watcher on every worker; every step votes) and off
+  (`spot.notices: false`: no watcher, no vote), alternating, `--repeat` times each. Goal: on
+  within 2 % of off.
 
 steps/s leave out start-up: they are (last step - step 50) over the time between the two
 metrics rows. Job directories are kept under --out (log, events, metrics).
@@ -52,6 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from revocation_outcome import revocation_delays, why_it_failed  # noqa: E402
 from transientvod.testbed import cluster  # noqa: E402
 from transientvod.testbed.rehearsal import Rehearsal  # noqa: E402
 
@@ -139,13 +141,6 @@ def run_to_end(job: Rehearsal, discovery: str | None, env: dict, timeout: float)
     return wall
 
 
-def why_it_failed(job: Rehearsal) -> str:
-    """The last line of its log that says why a job stopped."""
-    reasons = [line for line in job.log_path.read_text(errors="replace").splitlines()
-               if "timeout" in line.lower() or "failure count" in line or "transientvod: the job" in line]
-    return reasons[-1].strip()[-160:] if reasons else f"see {job.log_path}"
-
-
 def steps_per_second(job: Rehearsal) -> float:
     rows = [r for r in job.rows("metrics.jsonl") if "time" in r and r["step"] >= MEASURED_FROM_STEP]
     first, last = rows[0], rows[-1]
@@ -207,19 +202,6 @@ REVOCATION_RUNS = {
 }
 
 
-def revocation_delays(job: Rehearsal) -> list[float]:
-    """For each revocation, seconds from it to rank 0's first sync at the size left after it
-    (negative: the job trained at that size before the server vanished)."""
-    hosts = json.loads((job.run_dir / "hosts.json").read_text())["hosts"]
-    revoked = sorted((h for h in hosts if h["state"] == "gone"), key=lambda h: h["terminate_at"])
-    synced = [e for e in job.synced() if e["rank"] == 0]
-    delays = []
-    for gone, host in enumerate(revoked, start=1):
-        times = [e["time"] for e in synced if e["size"] <= len(REVOCATIONS) + 1 - gone]
-        delays.append(min(times) - host["terminate_at"] if times else float("nan"))
-    return delays
-
-
 def revocations(args) -> None:
     print(f"revocations: {len(REVOCATIONS) + 1} hosts at {args.bandwidth}, trace at real time (x1), "
           f"{args.steps} steps, commit every {args.commit_every}, {1000 * args.step_seconds:.0f} ms per step", flush=True)
@@ -241,11 +223,12 @@ def revocations(args) -> None:
             job = Rehearsal(record, directory, "revocations", config)
             code, wall = run_job(job, None, job_env(args.step_seconds, **extra_env), timeout=3600)
             if code != 0:
-                failures[key] = f"{label:<34} FAILED at step {job.last_step()} after {wall:.0f} s: {why_it_failed(job)}"
+                why = why_it_failed(job.log_path.read_text(errors="replace"))
+                failures[key] = f"{label:<34} FAILED at step {job.last_step()} after {wall:.0f} s: {why}"
                 print(failures[key], flush=True)
                 continue
             summary = job.summary()
-            results[key] = (label, wall, summary, revocation_delays(job))
+            results[key] = (label, wall, summary, revocation_delays(job.run_dir, len(REVOCATIONS) + 1))
             print(f"{label}: wall {wall:.0f} s, lost {summary['steps_lost']}, sizes {summary['world_sizes_seen']}",
                   flush=True)
     print(f"{'run':<34} {'wall s':>7} {'lost steps':>10}  {'revocation -> new size (s)':<28} sizes")
@@ -301,17 +284,15 @@ def notices(args) -> None:
         for attempt in range(args.repeat):
             for mode in ("off", "on"):
                 with job_directory(args.out, f"notices-{mode}-{attempt + 1}") as directory:
-                    config = job_config(train={"steps": args.steps, "commit_every": 50, "checkpoint_every": 500})
-                    discovery = None
-                    if mode == "on":  # the trace's first notice comes at 604 s, after this job
-                        config["spot"] = {"provider": "trace", "trace": str(TRACE), "trace_run": "1",
-                                          "time_scale": 1.0, "hosts": hosts}
-                        config["cluster"].update(min_np=args.hosts, max_np=args.hosts)
+                    # Both modes replay the same trace (same discovery, same head); only the
+                    # notices differ. Its first notice comes at 604 s, after this job.
+                    config = job_config(train={"steps": args.steps, "commit_every": 50, "checkpoint_every": 500},
+                                        spot={"provider": "trace", "trace": str(TRACE), "trace_run": "1",
+                                              "time_scale": 1.0, "hosts": hosts, "notices": mode == "on"},
+                                        cluster={"min_np": args.hosts, "max_np": args.hosts})
                     job = Rehearsal(record, directory, "notices", config)
-                    if mode == "off":
-                        discovery = job.cloud_hosts()
-                    run_to_end(job, discovery, job_env(args.step_seconds), timeout=1800)
-                    if mode == "on" and "hosts changed" in job.log_path.read_text():
+                    run_to_end(job, None, job_env(args.step_seconds), timeout=1800)
+                    if "hosts changed" in job.log_path.read_text():
                         raise SystemExit("notices: the replay changed the hosts during the job; shorten --steps")
                     rates[mode].append(steps_per_second(job))
                     print(f"notices {mode} {attempt + 1}: {rates[mode][-1]:.2f} steps/s", flush=True)

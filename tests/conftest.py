@@ -1,6 +1,7 @@
 """Shared pieces for tests that start real `horovodrun` jobs through the CLI."""
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import os
@@ -201,3 +202,21 @@ def wait_until(predicate, timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.1)
+
+
+def transientvod_imports(path: Path) -> set[str]:
+    """The transientvod modules a source file imports (absolute imports only: the house has
+    no relative ones, and a relative import fails the test that asks)."""
+    return {name for name in imported_modules(path) if name == "transientvod" or name.startswith("transientvod.")}
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module a source file names in an import statement, read from its syntax tree."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path.name}: relative import"
+            found.add(node.module)
+    return found

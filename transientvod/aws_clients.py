@@ -1,7 +1,7 @@
 """boto3 clients made one way, and the one-sentence errors their calls end in.
 
-The watcher (spot/aws.py), the fleet (spot/fleet.py) and the spot price history
-(billing/prices.py) all talk to AWS. Here, and only here, a client gets its timeouts, its
+The watcher (spot/aws.py), the fleet (spot/fleet.py), the spot price history
+(billing/prices.py) and the S3 checkpoint store (checkpoint/s3.py) all talk to AWS. Here, and only here, a client gets its timeouts, its
 retries, its region and the user's endpoint URL, and a botocore exception becomes a sentence
 naming the thing to fix. The callers wrap that sentence in their own error type
 (ProviderError, PriceError), so this module sits below both spot/ and billing/ and imports
@@ -22,7 +22,7 @@ from botocore.config import Config
 # loop, so connect fast and let the next poll retry rather than retrying long here.
 CONNECT_TIMEOUT_SECONDS = 3
 READ_TIMEOUT_SECONDS = 10
-MAX_ATTEMPTS = 3
+MAX_ATTEMPTS = 3  # per call, the first attempt included
 
 ACCESS_DENIED_CODES = frozenset({"AccessDenied", "AccessDeniedException", "UnauthorizedOperation",
                                  "UnauthorizedAccess", "AuthorizationError"})
@@ -33,21 +33,29 @@ NO_CREDENTIALS = ("no AWS credentials found; configure them (aws configure, envi
                   "or an instance role).")
 
 
-def client_config(read_timeout: float = READ_TIMEOUT_SECONDS) -> Config:
-    """Timeouts and botocore's "standard" retries (which back off on throttling)."""
-    return Config(connect_timeout=CONNECT_TIMEOUT_SECONDS, read_timeout=read_timeout,
-                  retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"})
+def client_config(read_timeout: float = READ_TIMEOUT_SECONDS, attempts: int = MAX_ATTEMPTS,
+                  connect_timeout: float = CONNECT_TIMEOUT_SECONDS, path_style: bool = False) -> Config:
+    """Timeouts and botocore's "standard" retries (which back off on throttling). `attempts`
+    counts the first one too (botocore's total_max_attempts; its "max_attempts" would count only
+    the retries). `path_style`: S3 addressing for S3-compatible servers (MinIO, Ceph, moto),
+    which rarely resolve bucket subdomains of their own host name."""
+    return Config(connect_timeout=connect_timeout, read_timeout=read_timeout,
+                  retries={"total_max_attempts": attempts, "mode": "standard"},
+                  s3={"addressing_style": "path"} if path_style else None)
 
 
 def aws_client(service: str, region: str | None = None, endpoint_url: str | None = None, session=None,
-               read_timeout: float = READ_TIMEOUT_SECONDS):
+               read_timeout: float = READ_TIMEOUT_SECONDS, attempts: int = MAX_ATTEMPTS,
+               connect_timeout: float = CONNECT_TIMEOUT_SECONDS):
     """A boto3 client of `service` in `region` (None: the session's, from AWS_DEFAULT_REGION or
     ~/.aws/config), at `endpoint_url` (None: AWS's, or AWS_ENDPOINT_URL). `session` defaults to a
-    new one; tests pass theirs to count or watch the calls. Raises botocore's exceptions
-    (NoRegionError, ProfileNotFound): the caller turns them into its error with aws_error_sentence."""
+    new one, since boto3's default session is not safe to share across threads; tests pass theirs
+    to count or watch the calls. An S3 client at an explicit endpoint addresses buckets by path.
+    Raises botocore's exceptions (NoRegionError, ProfileNotFound): the caller turns them into its
+    error with aws_error_sentence."""
     session = session or boto3.session.Session(region_name=region)
-    return session.client(service, region_name=region, endpoint_url=endpoint_url,
-                          config=client_config(read_timeout))
+    config = client_config(read_timeout, attempts, connect_timeout, path_style=service == "s3" and bool(endpoint_url))
+    return session.client(service, region_name=region, endpoint_url=endpoint_url, config=config)
 
 
 def client_error_codes(error: botocore.exceptions.ClientError) -> set:

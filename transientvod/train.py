@@ -80,11 +80,13 @@ def start_notice_watcher(config: Config):
     from transientvod.spot.notices import NoticeWatcher, notice_source
 
     host = os.environ.get("HOROVOD_HOSTNAME") or None
-    source = notice_source(config.notices.source, url=config.notices.url or None,
-                           state_file=config.host_state_file, host_name=host)
     if config.notices.source == "hoststate" and host:
         # A replayed revocation kills the workers of its host, as the cloud would.
         register_worker(config.host_state_file, host, os.getpid())
+    if config.spot.provider == "trace" and not config.spot.notices:
+        return None  # a replay without notices has none to watch for: no watcher, no vote
+    source = notice_source(config.notices.source, url=config.notices.url or None,
+                           state_file=config.host_state_file, host_name=host)
     return NoticeWatcher(source, poll_seconds=config.notices.poll_seconds).start()
 
 

@@ -1,5 +1,5 @@
 """billing.budget: the fleet's budget rule as plain numbers (the fleet on moto is in
-tests/test_spot_fleet.py), and the horizon's environment override."""
+tests/spot/test_fleet.py), and the horizon's environment override."""
 from __future__ import annotations
 
 import pytest

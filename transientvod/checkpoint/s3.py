@@ -25,9 +25,7 @@ import os
 import time
 import urllib.parse
 
-import boto3
 from boto3.s3.transfer import TransferConfig
-from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
@@ -38,6 +36,7 @@ from botocore.exceptions import (
     PartialCredentialsError,
 )
 
+from transientvod.aws_clients import aws_client
 from transientvod.checkpoint.format import (
     LATEST_FILE,
     MANIFEST_FILE,
@@ -56,6 +55,9 @@ MAX_ATTEMPTS = 8
 MAX_ATTEMPTS_ENV = "TRANSIENTVOD_S3_MAX_ATTEMPTS"
 # An endpoint that drops packets would otherwise hold each attempt for botocore's 60 s.
 CONNECT_TIMEOUT_SECONDS = 10.0
+# botocore's default: a part of a large state file may take a while on a slow link, and a
+# write runs in the background, so the step loop does not wait on it.
+READ_TIMEOUT_SECONDS = 60.0
 # An unfinished multipart upload this old is from a writer that died, not one still writing.
 STALE_UPLOAD_SECONDS = STALE_TEMP_SECONDS
 _MISSING = ("404", "NoSuchKey", "NotFound")
@@ -89,19 +91,12 @@ class S3CheckpointStore(CheckpointStore):
 
     def _make_client(self, endpoint_url: str | None):
         # Recent boto3 reads these variables itself; older versions do not, and an explicit
-        # endpoint also decides the addressing style below.
+        # endpoint also decides the addressing style (aws_client).
         endpoint_url = (endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
                         or os.environ.get("AWS_ENDPOINT_URL") or None)
-        # total_max_attempts counts the first attempt too; botocore's "max_attempts" would
-        # count only the retries.
-        config = Config(retries={"total_max_attempts": _max_attempts(), "mode": "standard"},
-                        connect_timeout=CONNECT_TIMEOUT_SECONDS,
-                        # S3-compatible servers (MinIO, Ceph, moto) rarely resolve bucket
-                        # subdomains of their own host name.
-                        s3={"addressing_style": "path"} if endpoint_url else None)
         try:
-            # A session of its own: boto3's default session is not safe to share across threads.
-            return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+            return aws_client("s3", endpoint_url=endpoint_url, attempts=_max_attempts(),
+                              connect_timeout=CONNECT_TIMEOUT_SECONDS, read_timeout=READ_TIMEOUT_SECONDS)
         except (BotoCoreError, ValueError) as e:
             raise CheckpointError(f"an S3 client for checkpoint store {self._uri} cannot be made "
                                   f"({_reason(e)}); fix the AWS profile, region or endpoint settings.") from None

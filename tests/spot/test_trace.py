@@ -12,8 +12,8 @@ from transientvod.spot.hosts import GONE, NOTICED, USABLE
 from transientvod.spot.provider import ProviderError
 from transientvod.spot.trace import TraceProvider, load_trace, select_run, shipped_trace
 
-REPO = Path(__file__).resolve().parents[1]
-STUDY_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gce-2019"
+REPO = Path(__file__).resolve().parents[2]
+STUDY_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "gce-2019"
 SHIPPED_DATA = REPO / "transientvod" / "spot" / "traces" / "gce-2019"
 TRACES = ["k80_spot_2workers_vm_trace.csv", "k80_spot_4workers_vm_trace.csv", "k80_spot_8workers_vm_trace.csv"]
 HOSTS = ["localhost", "127.0.0.1", "127.0.0.2", "127.0.0.3"]

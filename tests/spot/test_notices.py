@@ -28,7 +28,7 @@ from transientvod.spot.notices import (
     notice_source,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TERMINATE_ISO = "2017-09-18T08:22:00Z"
 TERMINATE_UNIX = datetime(2017, 9, 18, 8, 22, tzinfo=timezone.utc).timestamp()
 
