@@ -74,17 +74,23 @@ def test_host_added_mid_run_new_worker_gets_synchronized_state(job):
     assert any(r["lr"] < 2 * BASE_LR - 1e-9 for r in two), "no warm-up after growth"
 
 
-def test_host_joining_with_notices_on_joins_within_steps_and_is_no_notice(job, tmp_path):
-    # With notices on the ranks vote every step, and a host update (Horovod tells rank 0 alone)
-    # rides that vote: the new host joins a step or two after the update instead of at the next
-    # commit_every, and nothing treats it as an interruption notice (no extra durable checkpoint,
-    # no notice log line). The notice source reads a host-state file that never has a notice.
+@pytest.mark.parametrize("notices", ["on", "off"])
+def test_host_joining_joins_within_steps_and_is_no_notice(job, tmp_path, notices):
+    # The ranks vote every step, notices on or off, and a host update (Horovod tells rank 0
+    # alone) rides that vote: the new host joins soon after the update instead of at the next
+    # commit_every, and nothing treats it as an interruption notice (no extra durable
+    # checkpoint, no notice log line). With notices on, the notice source reads a host-state
+    # file that never has a notice.
     from transientvod.spot.hosts import HostState, HostStatus, write_host_state
 
-    state_file = tmp_path / "hosts.json"
-    write_host_state(state_file, HostState("test", time.time(), [HostStatus("localhost", 1), HostStatus("127.0.0.1", 1)]))
-    j = job("joinnotice", cluster={"np": 1, "network_interface": "lo"}, notices={"source": "hoststate"},
-            spot={"state_file": str(state_file)}, train={"steps": 600, "commit_every": 300, "checkpoint_every": 600})
+    sections = {}
+    if notices == "on":
+        state_file = tmp_path / "hosts.json"
+        write_host_state(state_file, HostState("test", time.time(),
+                                               [HostStatus("localhost", 1), HostStatus("127.0.0.1", 1)]))
+        sections = {"notices": {"source": "hoststate"}, "spot": {"state_file": str(state_file)}}
+    j = job(f"join{notices}", cluster={"np": 1, "network_interface": "lo"},
+            train={"steps": 600, "commit_every": 300, "checkpoint_every": 600}, **sections)
     done = j.run(j.discovery("0=localhost:1", f"60={BOTH}"))
     assert done.returncode == 0, explain(done)
     assert j.summary()["world_sizes_seen"] == [1, 2], explain(done)
