@@ -3,7 +3,7 @@
 makes the README's screenshot of MLflow's run-compare view: it serves the store with
 `mlflow server` on 127.0.0.1, opens the compare view of the experiment's newest runs (at most
 10; `--runs ID ...` picks them, `--experiment` another experiment) in headless Chromium and
-prints the PNG's path. tests/test_mlflow_ui.py uses the same pieces to read a run's page.
+prints the PNG's path. tests/tracking/test_mlflow_ui.py uses the same pieces to read a run's page.
 
 It needs Debian's `chromium` package and nothing else (no chromedriver, no selenium):
 Chromium's own `--dump-dom` and `--screenshot` switches with a virtual-time budget are the

@@ -1,7 +1,7 @@
 """The job's books, kept during training: its bill and its MLflow metrics.
 
 The training loop calls four hooks; everything else about cost and tracking lives in
-`billing/job.py` (who is billed for what) and `tracking.py` (how MLflow is talked to):
+`billing/job.py` (who is billed for what) and `tracking/` (how MLflow is talked to):
 
 - `after_sync` (every rank, after every start and reset of the ring): the workers exchange
   their host names and rank 0 moves the bill to the new membership; the ledger is then
@@ -19,12 +19,12 @@ import time
 
 import horovod.torch as hvd
 
-from transientvod import tracking_names as names
 from transientvod.billing.job import JobBill
 from transientvod.billing.meter import usd_per_accuracy_point
 from transientvod.config import Config
 from transientvod.elastic import TransientState
 from transientvod.spot.hosts import USABLE, HostStateError, read_host_state
+from transientvod.tracking import names
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class JobAccounting:
         tracking = self.config.tracking
         if tracking.enabled and not (tracking.run_id or state.mlflow_run_id):
             # Started by hand with horovodrun, not by the launcher: open the run here.
-            from transientvod.tracking import open_run
+            from transientvod.tracking.run import open_run
             open_run(self.config)
         if tracking.enabled:
             state.mlflow_run_id = tracking.run_id or state.mlflow_run_id
@@ -124,7 +124,8 @@ class JobAccounting:
 
     def _start_sender(self, state: TransientState) -> None:
         if self.config.tracking.enabled and self.sender is None:
-            from transientvod.tracking import UNSENT_FILE, MetricSender, tracking_uri
+            from transientvod.tracking.run import tracking_uri
+            from transientvod.tracking.sender import UNSENT_FILE, MetricSender
             self.sender = MetricSender(tracking_uri(self.config), state.mlflow_run_id,
                                        self.config.run_dir / UNSENT_FILE)
 
@@ -158,6 +159,6 @@ class JobAccounting:
         if self.sender is not None:
             self.sender.close()
         if self.config.tracking.enabled and not self.launcher_owns_run:
-            from transientvod.tracking import close_run
+            from transientvod.tracking.run import close_run
             self.config.tracking.run_id = state.mlflow_run_id
             close_run(self.config, {**summary, "wall_seconds": round(now - state.started_at, 1)}, succeeded=True)

@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from transientvod.config import Config, ConfigError, load_config
+from transientvod.config import DEFAULT_EXPERIMENT, DEFAULT_OUTPUT_DIR, Config, ConfigError, load_config
 from transientvod.launcher import LaunchError, format_summary, revocation, run_job
 from transientvod.testbed import TestbedError
 
@@ -184,9 +184,10 @@ def finish(result) -> int:
 
 
 def cmd_compare(args) -> int:
-    from transientvod.compare import default_tracking_uri, run_compare
+    from transientvod.tracking.compare import run_compare
+    from transientvod.tracking.store import store_uri
 
-    return run_compare(args.tracking_uri or default_tracking_uri(), args.experiment, args.runs, args.baseline, args.out)
+    return run_compare(store_uri(args.tracking_uri or ""), args.experiment, args.runs, args.baseline, args.out)
 
 
 def cmd_simulate(args) -> int:
@@ -266,11 +267,13 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.set_defaults(func=cmd_doctor)
     compare = sub.add_parser("compare", help="compare runs recorded in MLflow: time, cost, accuracy")
     compare.add_argument("runs", nargs="*", metavar="RUN_ID", help="these runs, in this order (default: the experiment's)")
-    compare.add_argument("--experiment", help="the MLflow experiment (default: transientvod)")
+    compare.add_argument("--experiment", help=f"the MLflow experiment (default: {DEFAULT_EXPERIMENT})")
     compare.add_argument("--baseline", metavar="RUN_ID",
                          help="speed-up and savings relative to this run (default: the smallest on-demand run)")
-    compare.add_argument("--out", default="runs/compare", help="where compare.csv and compare.png go")
-    compare.add_argument("--tracking-uri", help="the MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///runs/mlflow.db)")
+    compare.add_argument("--out", default=str(Path(DEFAULT_OUTPUT_DIR) / "compare"),
+                         help="where compare.csv and compare.png go")
+    compare.add_argument("--tracking-uri", help="the MLflow store (default: $MLFLOW_TRACKING_URI, else "
+                         f"sqlite:///{DEFAULT_OUTPUT_DIR}/mlflow.db)")
     compare.set_defaults(func=cmd_compare)
     simulate = sub.add_parser("simulate", help="predict time, cost and failure of clusters from real revocations")
     simulate.add_argument("--gpu", default="k80", help="comma-separated GPU types (k80, p100, v100)")
@@ -346,12 +349,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # data, checkpoint and provider errors are user-fixable too
         from transientvod.billing.prices import PriceError
         from transientvod.checkpoint import CheckpointError
-        from transientvod.compare import CompareError
         from transientvod.data import DataError
         from transientvod.planner.study_data import PlanError
         from transientvod.spot.provider import ProviderError
-        from transientvod.tracking import TrackingError
-        if isinstance(e, (DataError, CheckpointError, ProviderError, CompareError, PriceError, TrackingError,
+        from transientvod.tracking.store import TrackingError  # compare's CompareError is one too
+        if isinstance(e, (DataError, CheckpointError, ProviderError, PriceError, TrackingError,
                           PlanError)):
             print(f"transientvod: {e}", file=sys.stderr)
             return 2

@@ -24,8 +24,6 @@ from pathlib import Path
 
 import yaml
 
-from transientvod.tracking_names import DEFAULT_EXPERIMENT
-
 DATASETS = ("digits", "cifar10", "synthetic")
 MODELS = ("resnet",)
 LR_SCALING_RULES = ("linear", "none")
@@ -38,6 +36,9 @@ NOTICE_SOURCES = ("none", "aws", "gce", "hoststate")
 CLOUDS = ("gce", "aws")
 SPOT, ON_DEMAND = "spot", "on-demand"
 MARKETS = (SPOT, ON_DEMAND)
+# Where runs go unless the config says otherwise; `compare` reads the same directory's store.
+DEFAULT_OUTPUT_DIR = "runs"
+DEFAULT_EXPERIMENT = "transientvod"  # the MLflow experiment, unless tracking.experiment says otherwise
 
 
 class ConfigError(ValueError):
@@ -47,7 +48,7 @@ class ConfigError(ValueError):
 @dataclass
 class RunConfig:
     name: str = "run"
-    output_dir: str = "runs"  # the run's outputs go to <output_dir>/<name>/
+    output_dir: str = DEFAULT_OUTPUT_DIR  # the run's outputs go to <output_dir>/<name>/
 
 
 @dataclass
@@ -175,7 +176,7 @@ class CostConfig:
 
 @dataclass
 class TrackingConfig:
-    """MLflow (transientvod/tracking.py): the launcher opens and closes the run, rank 0 logs."""
+    """MLflow (transientvod/tracking/): the launcher opens and closes the run, rank 0 logs."""
     enabled: bool = True
     uri: str = ""  # "" means $MLFLOW_TRACKING_URI, else sqlite:///<run.output_dir>/mlflow.db
     experiment: str = DEFAULT_EXPERIMENT

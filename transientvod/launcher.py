@@ -98,7 +98,8 @@ def prepare(config: Config, discovery: str | None = None) -> tuple[list[str], Pa
     config.cluster.discovery_script = discovery
     if config.tracking.enabled:
         # Last of the checks, so that a job that cannot start leaves no empty run behind.
-        from transientvod.tracking import TrackingError, open_run
+        from transientvod.tracking.run import open_run
+        from transientvod.tracking.store import TrackingError
         try:
             open_run(config)
         except TrackingError as e:
@@ -229,7 +230,7 @@ def run_job(config: Config, discovery: str | None = None) -> JobResult:
                                  "experiment": config.tracking.experiment}
         summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     if config.tracking.enabled:
-        from transientvod.tracking import close_run
+        from transientvod.tracking.run import close_run
         close_run(config, summary, succeeded=returncode == 0)
     return JobResult(returncode, wall, summary, why)
 

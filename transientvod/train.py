@@ -49,7 +49,7 @@ from transientvod.elastic import (NO_VOTE, CommitPolicy, LearningRateRule, Shard
                                   bound_collective_waits, network_address)
 from transientvod.exchange import GradientExchange
 from transientvod.models import build_model
-from transientvod.tracking import TrackingError
+from transientvod.tracking.store import TrackingError
 
 log = logging.getLogger("transientvod.train")
 

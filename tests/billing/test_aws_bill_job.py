@@ -11,8 +11,8 @@ import pytest
 from mlflow import MlflowClient
 
 from conftest import explain, moto_aws
-from transientvod import tracking_names as names
 from transientvod.billing.prices import AWS_ON_DEMAND_USD_PER_HOUR
+from transientvod.tracking import names
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""MLflow tracking against real stores: a SQLite file, and a real `mlflow server` on
+"""tracking/run.py and sender.py against real stores: a SQLite file, and a real `mlflow server` on
 127.0.0.1 that the tests stop and start again while metrics are being logged."""
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import pytest
 from mlflow import MlflowClient
 
 from conftest import free_port, mlflow_browser, new_mlflow_store, wait_until
-from transientvod import tracking
-from transientvod import tracking_names as names
+from transientvod.tracking import names
+from transientvod.tracking.run import close_run, open_run, tracking_uri
+from transientvod.tracking.sender import UNSENT_FILE, MetricSender, resend_unsent
+from transientvod.tracking.store import TrackingError, check_writable
 from transientvod.config import load_config
 
 
@@ -20,13 +22,13 @@ def unreachable_warnings(caplog) -> list[str]:
 
 
 def test_metrics_wait_while_the_server_is_down_and_go_out_when_it_returns(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="transientvod.tracking")
+    caplog.set_level(logging.INFO, logger="transientvod.tracking.sender")
     serve_mlflow = mlflow_browser().serve_mlflow
     store, port = new_mlflow_store(tmp_path), free_port()
     with serve_mlflow(store, port) as base:
         client = MlflowClient(base)
         run_id = client.create_run(client.create_experiment("sender")).info.run_id
-        sender = tracking.MetricSender(base, run_id, tmp_path / "unsent.jsonl", retry_seconds=0.3)
+        sender = MetricSender(base, run_id, tmp_path / "unsent.jsonl", retry_seconds=0.3)
         for step in range(1, 6):
             sender.log({names.METRIC_LOSS: 1.0 / step}, step)
         wait_until(lambda: sender.pending() == 0, 30, "the first metrics to be sent")
@@ -52,8 +54,8 @@ def test_metrics_unsent_at_the_end_are_written_locally_and_sent_later(tmp_path):
     with serve_mlflow(store, port) as base:
         client = MlflowClient(base)
         run_id = client.create_run(client.create_experiment("late")).info.run_id
-    unsent = tmp_path / tracking.UNSENT_FILE
-    sender = tracking.MetricSender(f"http://127.0.0.1:{port}", run_id, unsent, retry_seconds=0.3)
+    unsent = tmp_path / UNSENT_FILE
+    sender = MetricSender(f"http://127.0.0.1:{port}", run_id, unsent, retry_seconds=0.3)
     for step in (10, 20, 30):
         sender.log({names.METRIC_COST: step / 1000}, step)
     assert sender.close(timeout=2) == 3
@@ -62,7 +64,7 @@ def test_metrics_unsent_at_the_end_are_written_locally_and_sent_later(tmp_path):
 
     with serve_mlflow(store, port) as base:
         client = MlflowClient(base)
-        assert tracking.resend_unsent(client, run_id, unsent) == 3
+        assert resend_unsent(client, run_id, unsent) == 3
         history = client.get_metric_history(run_id, names.METRIC_COST)
     assert sorted((m.step, m.value) for m in history) == [(s, s / 1000) for s in (10, 20, 30)]
     assert not unsent.exists()
@@ -70,19 +72,19 @@ def test_metrics_unsent_at_the_end_are_written_locally_and_sent_later(tmp_path):
 
 def test_a_run_opened_and_closed_in_a_sqlite_store(tmp_path):
     config = load_config(None, [f"run.output_dir={tmp_path / 'runs'}", "run.name=unit", "cost.market=on-demand"])
-    run_id = tracking.open_run(config)
-    uri = tracking.tracking_uri(config)
+    run_id = open_run(config)
+    uri = tracking_uri(config)
     assert uri == f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
     assert config.tracking.run_id == run_id and config.tracking.uri == uri
 
-    sender = tracking.MetricSender(uri, run_id, tmp_path / "unsent.jsonl")
+    sender = MetricSender(uri, run_id, tmp_path / "unsent.jsonl")
     for step, accuracy, cost in ((100, 0.5, 0.01), (200, 0.8, 0.02)):
         sender.log({names.METRIC_ACCURACY: accuracy, names.METRIC_COST: cost,
                     names.METRIC_ON_DEMAND_COST: cost * 2}, step)
     assert sender.close() == 0
     summary = {"steps": 200, "test_accuracy": 0.8, "wall_seconds": 720.0,
                "cost": {"cost_usd": 0.02, "on_demand_usd": 0.04, "savings_pct": 50.0}}
-    tracking.close_run(config, summary, succeeded=True)
+    close_run(config, summary, succeeded=True)
 
     client = MlflowClient(uri)
     run = client.get_run(run_id)
@@ -102,6 +104,6 @@ def test_a_run_opened_and_closed_in_a_sqlite_store(tmp_path):
 def test_unwritable_store_directory_is_one_sentence(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(tracking.TrackingError, match="is not writable") as caught:
-        tracking.check_store(f"sqlite:///{blocker}/sub/mlflow.db")
+    with pytest.raises(TrackingError, match="is not writable") as caught:
+        check_writable(f"sqlite:///{blocker}/sub/mlflow.db")
     assert str(blocker) in str(caught.value) and "\n" not in str(caught.value)

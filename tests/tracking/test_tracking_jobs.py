@@ -9,8 +9,8 @@ import pytest
 from mlflow import MlflowClient
 
 from conftest import REPO, TRANSIENTVOD, explain, free_port, mlflow_browser, new_mlflow_store, wait_until
-from transientvod import tracking_names as names
 from transientvod.billing.prices import GCE_ON_DEMAND_USD_PER_HOUR, GCE_SPOT_USD_PER_HOUR
+from transientvod.tracking import names
 
 pytestmark = pytest.mark.slow
 

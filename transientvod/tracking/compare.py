@@ -6,26 +6,22 @@ rebuilt from the runs recorded in MLflow.
     transientvod compare RUN_ID RUN_ID ...             exactly these runs, in this order
 
 Prints the table, writes DIR/compare.csv and DIR/compare.png (cost against accuracy).
-Only reads the store: a store or run that does not exist is a CompareError, never created.
+Only reads the store (store.readable_client): a store that does not exist is a TrackingError
+and is never created; a run or experiment that does not exist is a CompareError.
 """
 from __future__ import annotations
 
 import csv
 import dataclasses
 import math
-import os
-import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from mlflow import MlflowClient
-from mlflow.entities import ViewType
-from mlflow.exceptions import MlflowException
 
-from transientvod.tracking_names import (
-    DEFAULT_EXPERIMENT,
+from transientvod.config import DEFAULT_EXPERIMENT, DEFAULT_OUTPUT_DIR, ON_DEMAND
+from transientvod.tracking.names import (
     METRIC_ACCURACY,
     METRIC_COST,
     METRIC_ON_DEMAND_COST,
@@ -37,9 +33,8 @@ from transientvod.tracking_names import (
     PARAM_MIN_WORKERS,
     TAG_CONFIGURATION,
 )
+from transientvod.tracking.store import TrackingError, readable_client, reason
 
-DEFAULT_TRACKING_URI = "sqlite:///runs/mlflow.db"
-ON_DEMAND = "on-demand"
 CSV_NAME = "compare.csv"
 PNG_NAME = "compare.png"
 
@@ -47,8 +42,9 @@ PNG_NAME = "compare.png"
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 
 
-class CompareError(ValueError):
-    """A store, experiment, run or output path the user named cannot be used; the message says which."""
+class CompareError(TrackingError):
+    """An experiment, run, baseline or output path the user named cannot be used; the message
+    says which. (A store that cannot be read is store.py's TrackingError.)"""
 
 
 @dataclass(frozen=True)
@@ -70,64 +66,6 @@ class RunRow:
     speedup: float | None = None
     savings_pct: float | None = None
     is_baseline: bool = False
-
-
-def default_tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading the store
-
-
-def _sqlite_path(tracking_uri: str) -> Path | None:
-    """The database file of a sqlite:/// URI (SQLAlchemy: three slashes relative, four absolute)."""
-    if not tracking_uri.startswith("sqlite:"):
-        return None
-    rest = tracking_uri[len("sqlite:"):].split("?", 1)[0]
-    if not rest.startswith("///") or rest[3:] in ("", ":memory:"):
-        raise CompareError(f"{tracking_uri} is an in-memory store, which holds no runs; "
-                           f"name a database file, for example {DEFAULT_TRACKING_URI}.")
-    return Path(rest[3:])
-
-
-def _check_store_exists(tracking_uri: str) -> None:
-    """MLflow creates a missing SQLite file (and its directories) on first use; reading must not."""
-    path = _sqlite_path(tracking_uri)
-    if path is None:
-        if "://" not in tracking_uri:
-            # MLflow would take a bare path as a file store, which this project does not use.
-            raise CompareError(f"tracking URI {tracking_uri!r} is not a database URI; "
-                               f"use one like {DEFAULT_TRACKING_URI}.")
-        return  # a server or another database: let MLflow say whether it answers
-    if not path.exists():
-        raise CompareError(f"no MLflow store at {tracking_uri} ({path} does not exist); run a job first "
-                           f"or set MLFLOW_TRACKING_URI to the store your runs were logged to.")
-    if not path.is_file():
-        raise CompareError(f"{path} is not a file, so {tracking_uri} is not an MLflow store.")
-    try:
-        # Read-only, so that a file which is not an MLflow store is left as it was.
-        with sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True) as db:
-            found = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='runs'").fetchone()
-    except sqlite3.Error as e:
-        raise CompareError(f"cannot open the MLflow store {tracking_uri}: {e}.") from None
-    if found is None:
-        raise CompareError(f"{path} is not an MLflow store (it has no runs table); check {tracking_uri}.")
-
-
-def _client(tracking_uri: str) -> MlflowClient:
-    _check_store_exists(tracking_uri)
-    client = MlflowClient(tracking_uri=tracking_uri)
-    try:
-        client.search_experiments(max_results=1)  # the client connects lazily: make it answer now
-    except Exception as e:  # sqlalchemy, sqlite, HTTP errors: all mean "this store cannot be read"
-        raise CompareError(f"cannot open the MLflow store {tracking_uri}: {_first_line(e)}") from None
-    return client
-
-
-def _first_line(error: Exception) -> str:
-    text = getattr(error, "message", None) or str(error) or type(error).__name__
-    return text.strip().splitlines()[0]
 
 
 def _int_param(params: dict, name: str) -> int | None:
@@ -168,7 +106,10 @@ def _row(run) -> RunRow:
 def load_runs(tracking_uri: str, experiment: str | None = None, run_ids=()) -> list[RunRow]:
     """Exactly `run_ids` in the given order if any are given (the experiment is then ignored),
     else every run of `experiment` (default "transientvod") that is not deleted, oldest first."""
-    client = _client(tracking_uri)
+    client = readable_client(tracking_uri)
+    from mlflow.entities import ViewType
+    from mlflow.exceptions import MlflowException
+
     if run_ids:
         rows = []
         for run_id in run_ids:
@@ -178,7 +119,7 @@ def load_runs(tracking_uri: str, experiment: str | None = None, run_ids=()) -> l
                 if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
                     raise CompareError(f"run {run_id} does not exist in {tracking_uri}; list runs with "
                                        f"`transientvod compare --experiment NAME`.") from None
-                raise CompareError(f"cannot read run {run_id} from {tracking_uri}: {_first_line(e)}") from None
+                raise CompareError(f"cannot read run {run_id} from {tracking_uri} ({reason(e)}).") from None
         return rows
 
     name = experiment or DEFAULT_EXPERIMENT
@@ -350,7 +291,7 @@ def write_scatter(rows: list[RunRow], path) -> Path:
 
 
 def run_compare(tracking_uri: str, experiment: str | None = None, run_ids=(), baseline: str | None = None,
-                out_dir="runs/compare") -> int:
+                out_dir=Path(DEFAULT_OUTPUT_DIR) / "compare") -> int:
     """The `transientvod compare` command: table on stdout, CSV and PNG under out_dir."""
     rows = compare_rows(load_runs(tracking_uri, experiment, run_ids), baseline)
     out_dir = Path(out_dir)

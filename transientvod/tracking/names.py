@@ -1,7 +1,6 @@
-"""The names a run is recorded under in MLflow: one place, so the writer (tracking.py) and
-the readers (compare.py, the browser test) cannot drift apart."""
-
-DEFAULT_EXPERIMENT = "transientvod"  # where runs go unless tracking.experiment says otherwise
+"""The names a run is recorded under in MLflow: one place, so the writers (run.py, the
+training loop's books) and the readers (compare.py, the browser test) cannot drift apart.
+The default experiment is a config default (config.DEFAULT_EXPERIMENT)."""
 
 # Params: what the run was (logged once, at the start).
 PARAM_MODEL = "model"  # "resnet-8x4": depth x width

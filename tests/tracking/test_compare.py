@@ -1,5 +1,5 @@
-"""transientvod.compare against a real SQLite MLflow store, filled through MlflowClient the way
-a training job fills it. Expected values are read back from the store, not restated."""
+"""tracking/compare.py against a real SQLite MLflow store, filled through MlflowClient the way a
+training job fills it. Expected values are read back from the store, not restated."""
 from __future__ import annotations
 
 import csv
@@ -8,17 +8,16 @@ import matplotlib.image
 import pytest
 from mlflow import MlflowClient
 
-from transientvod.compare import (
+from transientvod.tracking.compare import (
     CompareError,
     compare_rows,
-    default_tracking_uri,
     format_table,
     load_runs,
     run_compare,
     write_csv,
     write_scatter,
 )
-from transientvod.tracking_names import (
+from transientvod.tracking.names import (
     METRIC_ACCURACY,
     METRIC_COST,
     METRIC_ON_DEMAND_COST,
@@ -30,6 +29,7 @@ from transientvod.tracking_names import (
     PARAM_MIN_WORKERS,
     TAG_CONFIGURATION,
 )
+from transientvod.tracking.store import TrackingError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 START = 1_700_000_000_000  # ms; runs get increasing start times so "oldest first" is well defined
@@ -279,13 +279,6 @@ def test_run_compare_prints_and_writes(store, tmp_path, capsys):
         assert str(out / name) in printed
 
 
-def test_default_tracking_uri(monkeypatch):
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    assert default_tracking_uri() == "sqlite:///runs/mlflow.db"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////srv/mlflow.db")
-    assert default_tracking_uri() == "sqlite:////srv/mlflow.db"
-
-
 # --- what a user can get wrong ---------------------------------------------------------------
 
 
@@ -318,7 +311,7 @@ def test_baseline_not_among_the_runs(store):
 def test_missing_store_is_an_error_and_is_not_created(tmp_path):
     path = tmp_path / "nowhere" / "mlflow.db"
     uri = f"sqlite:///{path}"
-    with pytest.raises(CompareError, match="no MLflow store at .*nowhere/mlflow.db"):
+    with pytest.raises(TrackingError, match="no MLflow store at .*nowhere/mlflow.db"):
         load_runs(uri)
     assert not path.parent.exists()
 
@@ -326,7 +319,7 @@ def test_missing_store_is_an_error_and_is_not_created(tmp_path):
 def test_a_file_that_is_not_an_mlflow_store(tmp_path):
     path = tmp_path / "notes.db"
     path.write_text("not a database")
-    with pytest.raises(CompareError, match="notes.db"):
+    with pytest.raises(TrackingError, match="notes.db"):
         load_runs(f"sqlite:///{path}")
     assert path.read_text() == "not a database"
 

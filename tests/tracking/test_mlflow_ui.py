@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import mlflow_browser
-from transientvod import tracking_names as names
+from transientvod.tracking import names
 
 if shutil.which("chromium") is None:
     pytest.skip("headless Chromium (Debian package chromium) is not installed", allow_module_level=True)
@@ -24,20 +24,22 @@ def log_sample_run(tracking_uri: str) -> tuple[str, str]:
     """Log one run through transientvod's own tracker, as a job does; returns (experiment id, run id)."""
     from mlflow import MlflowClient
 
-    from transientvod import tracking
     from transientvod.config import load_config
+    from transientvod.tracking.run import close_run, open_run
+    from transientvod.tracking.sender import UNSENT_FILE, MetricSender
+    from transientvod.tracking.store import sqlite_path
 
-    store_dir = tracking_uri[len("sqlite:///"):].rsplit("/", 1)[0]
+    store_dir = sqlite_path(tracking_uri).parent
     config = load_config(None, [f"run.output_dir={store_dir}", "run.name=ui-sample", f"tracking.uri={tracking_uri}",
                                 "exchange.codec=int8", "exchange.staleness=2"])
-    run_id = tracking.open_run(config)
-    sender = tracking.MetricSender(tracking_uri, run_id, config.run_dir / tracking.UNSENT_FILE)
+    run_id = open_run(config)
+    sender = MetricSender(tracking_uri, run_id, config.run_dir / UNSENT_FILE)
     for step, cost in [(0, 0.4105), (100, 0.8179), (200, FINAL_COST_USD)]:
         sender.log({names.METRIC_COST: cost, names.METRIC_ON_DEMAND_COST: 3 * cost}, step)
     assert sender.close() == 0
     summary = {"steps": 200, "test_accuracy": 0.9123, "wall_seconds": 3780.0,
                "cost": {"cost_usd": FINAL_COST_USD, "on_demand_usd": 3 * FINAL_COST_USD, "savings_pct": 200 / 3}}
-    tracking.close_run(config, summary, succeeded=True)
+    close_run(config, summary, succeeded=True)
     return MlflowClient(tracking_uri).get_run(run_id).info.experiment_id, run_id
 
 

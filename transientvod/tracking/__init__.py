@@ -1,0 +1,16 @@
+"""MLflow: every run's params, metrics by step, cost, figure and summary, for comparison in
+MLflow's UI and with `transientvod compare`. Never imports torch or horovod, nor the training
+side (train, elastic, exchange, accounting, launcher, cli): they import this.
+
+    store.py    the one MLflow store helper: which store (default <output_dir>/mlflow.db), what a
+                sqlite: URI names, the fail-fast MlflowClient, the write and read checks,
+                TrackingError
+    run.py      a job's run: open (launcher) and close, params, tags, final metrics
+    sender.py   MetricSender (rank 0's background thread) and resend_unsent
+    figure.py   the cost-versus-accuracy PNG of one run, logged to the run
+    names.py    every param, tag, metric and artifact name, for writers and readers
+    compare.py  `transientvod compare`: the study's table, CSV and scatter from the store
+
+Import what you need from the modules; this file re-exports nothing, so that a worker that
+needs TrackingError or the sender loads neither matplotlib nor the run's code.
+"""
