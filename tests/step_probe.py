@@ -24,7 +24,8 @@ import horovod.torch as hvd
 from transientvod.config import ModelConfig
 from transientvod.data import load_digits_dataset
 from transientvod.models import build_model
-from transientvod.train import CommitVote, count_correct, evaluate
+from transientvod.elastic import CommitVote
+from transientvod.train import count_correct, evaluate
 
 
 def buffers_checksum(model: torch.nn.Module) -> int:

@@ -19,10 +19,9 @@ from __future__ import annotations
 import torch
 
 from transientvod import ops
+from transientvod.config import CODECS, INT8_BLOCK_MAX, INT8_BLOCK_MIN
 
-CODECS = ("none", "fp16", "bf16", "int8")
 PAYLOAD_DTYPES = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.int8}
-MIN_BLOCK, MAX_BLOCK = 256, 1024
 
 
 class Codec:
@@ -34,8 +33,8 @@ class Codec:
     def __init__(self, name: str, numel: int, device: torch.device, block: int = 512):
         if name not in CODECS:
             raise ValueError(f"codec {name!r} is unknown; it must be one of {', '.join(CODECS)}.")
-        if name == "int8" and not MIN_BLOCK <= block <= MAX_BLOCK:
-            raise ValueError(f"block is {block}; an int8 block holds {MIN_BLOCK} to {MAX_BLOCK} elements.")
+        if name == "int8" and not INT8_BLOCK_MIN <= block <= INT8_BLOCK_MAX:
+            raise ValueError(f"block is {block}; an int8 block holds {INT8_BLOCK_MIN} to {INT8_BLOCK_MAX} elements.")
         self.name = name
         self.numel = numel
         self.block = block

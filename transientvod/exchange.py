@@ -13,6 +13,10 @@ same order, so it stays a ring (no parameter server); staleness only lets a slow
 exchange overlap the next s steps of compute. `staleness=0` is synchronous training and
 gives the same parameters, bit for bit, as `hvd.DistributedOptimizer` (tested on 2 ranks).
 
+`SynchronousStep` puts `hvd.DistributedOptimizer` behind the same three calls (zero_grad,
+step, reset) for the plain synchronous case (staleness 0, codec none), where Horovod's own
+hooks overlap the allreduce with backward; the training loop then has one step path.
+
 Gradients are bucketed: each bucket is one flat fp32 buffer, and every parameter's `.grad`
 is a view into it (so `zero_grad` here, never `optimizer.zero_grad`, which would replace
 the views). After an elastic reset, `reset()` drops what was in flight (at most s steps of
@@ -30,7 +34,8 @@ import torch
 import horovod.torch as hvd
 from horovod.torch.optimizer import _DistributedOptimizer
 
-from transientvod.codecs import CODECS, Codec
+from transientvod.codecs import Codec
+from transientvod.config import CODECS
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +81,26 @@ class InFlight:
     scales: torch.Tensor | None
     flag: torch.Tensor  # this rank's "saw NaN/Inf", max-reduced
     handles: list = field(default_factory=list)
+
+
+class SynchronousStep:
+    """hvd.DistributedOptimizer behind the exchange's interface, so that the loop has one step
+    path: zero_grad, backward, step(step), and reset after an elastic reset."""
+
+    __slots__ = ("optimizer",)
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.optimizer = optimizer
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad()
+
+    def step(self, step: int) -> bool:
+        self.optimizer.step()  # waits for the gradients' allreduce, started during backward
+        return True
+
+    def reset(self) -> None:
+        pass  # nothing in flight between steps
 
 
 class GradientExchange:

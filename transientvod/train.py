@@ -18,8 +18,8 @@ checkpoint every `checkpoint_every` steps. Rank 0 speaks for the job: it writes
 
 Nothing on the step path waits for one rank alone: every rank evaluates its slice of the
 test split (one allreduce of the counts); rank 0 only snapshots the state for a durable
-checkpoint, and a thread writes it (checkpoint_writer.py); the notice vote is an async
-allreduce read one step later (`CommitVote`).
+checkpoint, and a thread writes it (checkpoint_writer.py); the commit vote is an async
+allreduce read one step later (`elastic.CommitVote`).
 """
 from __future__ import annotations
 
@@ -45,9 +45,9 @@ from transientvod.checkpoint import CheckpointError, open_store
 from transientvod.checkpoint_writer import BackgroundCheckpointWriter
 from transientvod.config import Config, ConfigError, load_config, to_yaml
 from transientvod.data import DataError, Dataset, load_dataset
-from transientvod.elastic import (NO_VOTE, CommitPolicy, LearningRateRule, ShardSampler, TransientState, Vote,
+from transientvod.elastic import (CommitPolicy, CommitVote, LearningRateRule, ShardSampler, TransientState,
                                   bound_collective_waits, network_address)
-from transientvod.exchange import GradientExchange
+from transientvod.exchange import GradientExchange, SynchronousStep
 from transientvod.models import build_model
 from transientvod.tracking.store import TrackingError
 
@@ -88,84 +88,6 @@ def start_notice_watcher(config: Config):
     source = notice_source(config.notices.source, url=config.notices.url or None,
                            state_file=config.host_state_file, host_name=host)
     return NoticeWatcher(source, poll_seconds=config.notices.poll_seconds).start()
-
-
-class CommitVote:
-    """"Does any rank want a commit, and why?", asked at step k and answered at step k + 1.
-
-    A notice seen by one rank (or a host update, which Horovod tells rank 0 alone) must make
-    every rank commit at the same step, since a commit is a collective. A blocking allreduce
-    every step cost one round trip per step on the ring; instead step k's two flags (notice,
-    host update) travel in an async allreduce (max) while step k + 1 computes, and step k + 1
-    reads them as a `Vote`. It runs with notices off too (the notice flag is then always
-    clear), so that a host joins or leaves a step after Horovod tells rank 0, not at the next
-    commit_every. On 4 namespaced hosts at 100 Mbit, watcher and vote together cost 0.991 of
-    the steps/s without either (benchmarks/testbed.py notices, medians of 3). So a rank learns of a notice at most one step later, and since
-    every rank reads the same op at the same step, all of them commit together. A notice
-    stays set, so after one the job commits every step until the noticed host has left:
-    whether Horovod removes it gracefully or the cloud kills it first, nothing is lost.
-
-    The op in flight belongs to the ring it was started on: after an elastic reset
-    (HorovodInternalError or HostsUpdatedInterrupt) Horovod has shut that ring down, so
-    `reset` (a reset callback) drops the handle, and the first step after the reset asks
-    afresh on every rank (a new worker starts with none, like the rest).
-    """
-
-    __slots__ = ("_in_flight", "_name")
-
-    def __init__(self):
-        self._in_flight = None
-        self._name = "transientvod.commit_vote"
-
-    def reset(self) -> None:
-        self._in_flight = None
-
-    def begin(self, ring_step: int) -> None:
-        """Call where every rank starts on a (re)formed ring, with the step all of them hold.
-
-        One name for the whole life of a ring, so that Horovod's response cache can know the
-        op from the second step on. (With a new name every step, notices on cost 13 ms a
-        step on loopback; how much of that one name saves is not measured yet.) The ring's
-        first step is in the name, equal on every rank, new or old, after the sync; a vote
-        dropped by a reset can never share a name with one on the next ring."""
-        self.reset()
-        self._name = f"transientvod.commit_vote.{ring_step}"
-
-    def exchange(self, notice: bool, hosts_update: bool) -> Vote:
-        """Send this rank's flags; return what the ranks asked for at the step before (nothing
-        on the first step after a start or a reset). At most one vote is in flight."""
-        answer = self.finish()
-        flags = torch.tensor([int(notice), int(hosts_update)])
-        self._in_flight = hvd.allreduce_async(flags, op=hvd.Max, name=self._name)
-        return answer
-
-    def finish(self) -> Vote:
-        """Wait for the vote in flight, if any, and return its answer."""
-        if self._in_flight is None:
-            return NO_VOTE
-        handle, self._in_flight = self._in_flight, None
-        notice, hosts_update = hvd.synchronize(handle).tolist()
-        return Vote(notice=bool(notice), hosts_update=bool(hosts_update))
-
-
-class SynchronousStep:
-    """hvd.DistributedOptimizer behind the exchange's interface, so that the loop has one step
-    path: zero_grad, backward, step(step), and reset after an elastic reset."""
-
-    __slots__ = ("optimizer",)
-
-    def __init__(self, optimizer: torch.optim.Optimizer):
-        self.optimizer = optimizer
-
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad()
-
-    def step(self, step: int) -> bool:
-        self.optimizer.step()  # waits for the gradients' allreduce, started during backward
-        return True
-
-    def reset(self) -> None:
-        pass  # nothing in flight between steps
 
 
 def pick_device(config: Config) -> torch.device:

@@ -18,7 +18,9 @@ quantizes, reading x again from L1 rather than keeping it anywhere. Each block i
 plain loop over a slice of it (see the note above `_ef_block_amax`).
 
 The first call of each kernel compiles it (seconds); `cache=True` keeps the machine code in
-`__pycache__` next to this file, so later processes load it instead.
+`__pycache__` next to this file, so later processes load it instead. That cache is why the
+intrinsics and the kernels share this one file: numba checks a cached kernel against its own
+source file only, so an intrinsic edited in another module would leave stale machine code.
 """
 from __future__ import annotations
 
@@ -30,7 +32,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numba.np.arrayobj import populate_array
 
-from transientvod.ops.reference import MAX_BLOCK
+# Sizes the int8 kernels' stack buffer. numba caches a global as a constant and does not see a
+# change in another file: after changing INT8_BLOCK_MAX, delete this directory's __pycache__.
+from transientvod.config import INT8_BLOCK_MAX
 
 # float32 constants: a Python float literal in a numba kernel is float64 and would turn the
 # float32 arithmetic into float64 arithmetic.
@@ -67,11 +71,11 @@ def _float(typingctx, bits):
 
 @intrinsic
 def _stack_block(typingctx):
-    """A float32 array of MAX_BLOCK elements on the calling function's stack (no heap, no
+    """A float32 array of INT8_BLOCK_MAX elements on the calling function's stack (no heap, no
     reference count): the one scratch row dequant_reduce_requant_ sums a block's ranks into."""
 
     def codegen(context, builder, signature, args):
-        size = context.get_constant(types.intp, MAX_BLOCK)
+        size = context.get_constant(types.intp, INT8_BLOCK_MAX)
         data = cgutils.alloca_once(builder, ir.FloatType(), size=size)  # in the entry block
         array = context.make_array(signature.return_type)(context, builder)
         populate_array(array, data=data, shape=[size], strides=[context.get_constant(types.intp, 4)],

@@ -27,9 +27,11 @@ from pathlib import Path
 
 import torch
 
+from transientvod.config import INT8_BLOCK_MAX, INT8_BLOCK_MIN
+
 KERNELS_ENV = "TRANSIENTVOD_KERNELS"  # transientvod.ops.KERNELS_ENV (no import: no cycle)
 # The kernels' contract, the same numbers as compress.cuh's TV_* macros (a test compares them).
-BLOCK_MIN, BLOCK_MAX = 256, 1024
+BLOCK_MIN, BLOCK_MAX = INT8_BLOCK_MIN, INT8_BLOCK_MAX
 THREADS = 256  # TV_THREADS: CTA size of the elementwise kernels
 VEC = 8  # TV_VEC: elements per vector step of the elementwise kernels
 QUANT_ITEMS = 4  # TV_QUANT_ITEMS: int8 elements per thread

@@ -22,7 +22,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-MIN_BLOCK, MAX_BLOCK = 256, 1024
+from transientvod.config import INT8_BLOCK_MAX, INT8_BLOCK_MIN
+
 PAYLOAD_DTYPES = (torch.float16, torch.bfloat16, torch.int8)
 # decompress_avg_ also takes a float32 payload: bf16 payloads travel by allgather and are
 # summed in float32 before they are averaged.
@@ -75,8 +76,8 @@ def _same_numel(name: str, t: torch.Tensor, other: str, n: int) -> None:
 
 
 def _block(block) -> None:
-    if isinstance(block, bool) or not isinstance(block, int) or not MIN_BLOCK <= block <= MAX_BLOCK:
-        raise ValueError(f"block is {block!r}; an int8 block holds {MIN_BLOCK} to {MAX_BLOCK} elements.")
+    if isinstance(block, bool) or not isinstance(block, int) or not INT8_BLOCK_MIN <= block <= INT8_BLOCK_MAX:
+        raise ValueError(f"block is {block!r}; an int8 block holds {INT8_BLOCK_MIN} to {INT8_BLOCK_MAX} elements.")
 
 
 def _scales(name: str, scales, payload_dtype: torch.dtype, n: int, block, dim: int = 1, ranks: int = 1) -> None:

@@ -30,6 +30,7 @@ import urllib.request
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from transientvod.config import NOTICE_SOURCES
 from transientvod.spot.hosts import GONE, NOTICED, HostStateError, read_host_state
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,6 @@ GCE_PREEMPTION_NOTICE_SECONDS = 30.0
 
 # Every action an AWS instance-action can carry; anything else is not an instance-action.
 AWS_ACTIONS = ("terminate", "stop", "hibernate")
-SOURCE_KINDS = ("none", "aws", "gce", "hoststate")
 
 
 @dataclass(frozen=True)
@@ -357,4 +357,4 @@ def notice_source(kind: str, **options) -> NoticeSource | None:
         if not options.get("state_file"):
             raise ValueError("notice source hoststate needs state_file, the host-state file the watcher writes.")
         return HostStateNoticeSource(options["state_file"], options.get("host_name"))
-    raise ValueError(f"notice source {kind!r} is not one of {', '.join(SOURCE_KINDS)}.")
+    raise ValueError(f"notice source {kind!r} is not one of {', '.join(NOTICE_SOURCES)}.")
