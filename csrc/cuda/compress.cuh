@@ -56,9 +56,12 @@ __host__ __device__ inline int quant_threads(int block) {
 // 1. Element functions. Everything the kernels compute on one element lives here, so that the
 // host harness runs the same text. What the host build does NOT run: the device's own
 // instructions behind the wrappers below, and everything CTA-wide (vector loads, warp votes,
-// the block max). On the host, each wrapper is the plain IEEE float32 operation, which rounds to
-// nearest even like the __f*_rn intrinsics; a host caller must compile with
-// -ffp-contract=off (gcc would otherwise fuse mul_rn + add_rn into an FMA where the CPU has one).
+// the block max). On the host, each wrapper is the plain IEEE float32 operation (SSE on x86-64:
+// no excess precision, subnormals kept), which rounds to nearest even like the __f*_rn
+// intrinsics; a host caller must compile with -ffp-contract=off (gcc would otherwise fuse
+// mul_rn + add_rn into an FMA where the CPU has one) and without -ffast-math. rintf, fmaxf,
+// fminf and fabsf need no wrapper: CUDA's math headers declare them __host__ __device__ (and
+// NVRTC has them built in); rintf on the host rounds half to even in the default rounding mode.
 
 #define TV_HD __host__ __device__ __forceinline__
 
