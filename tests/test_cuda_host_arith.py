@@ -187,7 +187,8 @@ def check_compress_int8(harness, grad, residual, weight, block, what):
     h_residual, h_q, h_scales = residual.copy(), np.zeros(n, np.int8), np.zeros(nb, np.float32)
     h_flag = harness.host_compress_ef_i8(_ptr(grad), _ptr(h_residual), _ptr(h_q), _ptr(h_scales),
                                          weight, n, block)
-    r_residual, r_q, r_scales = torch.from_numpy(residual.copy()), torch.zeros(n, dtype=torch.int8), torch.zeros(nb)
+    r_residual = torch.from_numpy(residual.copy())
+    r_q, r_scales = torch.zeros(n, dtype=torch.int8), torch.zeros(nb)
     r_flag = reference.reference_compress_ef_(torch.from_numpy(grad), r_residual, r_q, weight,
                                               r_scales, block)
     assert_same_floats(h_scales, r_scales.numpy(), f"{what}: scales")
