@@ -4,8 +4,8 @@
 // run time when the extension was not built. The op semantics are the CPU side's
 // (transientvod/ops/reference.py, and cpu.py's numba kernels); every rounding step below is
 // spelled out so that the results agree with them bit for bit:
-//   * __fmul_rn / __fadd_rn / __fsub_rn / __fdiv_rn: each step rounded on its own, never
-//     contracted into an FMA and never approximated, whatever flags the build passes.
+//   * __fmul_rn / __fadd_rn / __fsub_rn / __fdiv_rn (tv::mul_rn etc.): each step rounded on its
+//     own, never contracted into an FMA and never approximated, whatever flags the build passes.
 //   * float -> half / bfloat16 rounds to nearest even, like torch's conversions (only a NaN's
 //     bit pattern may differ from the CPU's: NaN either way).
 //   * int8: per block of `block` elements, scale = amax / 127 over the finite values,
@@ -19,8 +19,12 @@
 //       decompression and reduction: any non-finite output, or sum.
 //
 // Layout of this file:
-//   1. device code (kernels), compiled by nvcc and NVRTC (both define __CUDACC__);
-//   2. the launchers' declarations (host), seen by nvcc and by the host compiler of ops.cpp,
+//   1. the element functions (__host__ __device__): the arithmetic of one element, with the few
+//      device intrinsics behind wrappers that have a host branch; tests/cuda_host/harness.cu
+//      compiles them for the host and tests/test_cuda_host_arith.py checks them against the
+//      torch reference on every 16-bit pattern, every rounding midpoint and random inputs;
+//   2. device code (kernels), compiled by nvcc and NVRTC (both define __CUDACC__);
+//   3. the launchers' declarations (host), seen by nvcc and by the host compiler of ops.cpp,
 //      hidden from NVRTC (__CUDACC_RTC__), which has no host side.
 #pragma once
 
@@ -48,19 +52,103 @@ __host__ __device__ inline int quant_threads(int block) {
   return threads < TV_THREADS ? threads : TV_THREADS;
 }
 
-// Inf or NaN: exponent all ones. A bit test needs no <cmath> under NVRTC.
-__device__ __forceinline__ bool is_finite(float v) {
-  return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u;
+// ---------------------------------------------------------------------------------------------
+// 1. Element functions. Everything the kernels compute on one element lives here, so that the
+// host harness runs the same text. What the host build does NOT run: the device's own
+// instructions behind the wrappers below, and everything CTA-wide (vector loads, warp votes,
+// the block max). On the host, each wrapper is the plain IEEE float32 operation (SSE on x86-64:
+// no excess precision, subnormals kept), which rounds to nearest even like the __f*_rn
+// intrinsics; a host caller must compile with -ffp-contract=off (gcc would otherwise fuse
+// mul_rn + add_rn into an FMA where the CPU has one) and without -ffast-math. rintf, fmaxf,
+// fminf and fabsf need no wrapper: CUDA's math headers declare them __host__ __device__ (and
+// NVRTC has them built in); rintf on the host rounds half to even in the default rounding mode.
+
+#define TV_HD __host__ __device__ __forceinline__
+
+#if defined(__CUDA_ARCH__)
+TV_HD float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+TV_HD float add_rn(float a, float b) { return __fadd_rn(a, b); }
+TV_HD float sub_rn(float a, float b) { return __fsub_rn(a, b); }
+TV_HD float div_rn(float a, float b) { return __fdiv_rn(a, b); }
+TV_HD unsigned float_bits(float v) { return __float_as_uint(v); }
+#else
+TV_HD float mul_rn(float a, float b) { return a * b; }
+TV_HD float add_rn(float a, float b) { return a + b; }
+TV_HD float sub_rn(float a, float b) { return a - b; }
+TV_HD float div_rn(float a, float b) { return a / b; }
+// __builtin_memcpy, not <cstring>: the header includes nothing NVRTC lacks, even on this side.
+TV_HD unsigned float_bits(float v) {
+  unsigned u;
+  __builtin_memcpy(&u, &v, sizeof u);
+  return u;
 }
+#endif
+
+// Inf or NaN: exponent all ones. A bit test needs no <cmath> under NVRTC.
+TV_HD bool is_finite(float v) { return (float_bits(v) & 0x7f800000u) != 0x7f800000u; }
+
+// x = grad * weight + residual, two roundings like the CPU's separate multiply and add.
+TV_HD float error_feedback(float g, float w, float r) { return add_rn(mul_rn(g, w), r); }
+
+// A decoded value times 1/N: the averaging step of every decompression.
+TV_HD float average_one(float v, float inv_n) { return mul_rn(v, inv_n); }
+
+// 16-bit payloads travel as raw bits (unsigned short) so that the launchers' signatures need
+// no half types; the codecs say how the bits round-trip. cuda_fp16.h / cuda_bf16.h declare
+// these conversions __host__ __device__: on the host they are the toolkit's software
+// round-to-nearest-even, on the device its conversion instructions.
+struct Half {
+  static TV_HD unsigned short encode(float x) { return __half_as_ushort(__float2half_rn(x)); }
+  static TV_HD float decode(unsigned short p) { return __half2float(__ushort_as_half(p)); }
+};
+
+struct BFloat16 {
+  static TV_HD unsigned short encode(float x) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  }
+  static TV_HD float decode(unsigned short p) {
+    return __bfloat162float(__ushort_as_bfloat16(p));
+  }
+};
+
+// Error feedback into a 16-bit payload: returns the new residual, p gets the payload.
+template <class Codec>
+TV_HD float compress_one(float g, float w, float r, unsigned short& p, bool& bad) {
+  const float x = error_feedback(g, w, r);
+  p = Codec::encode(x);  // Inf/NaN stay in the payload, as with torch's .to()
+  const float sent = Codec::decode(p);
+  if (!is_finite(sent)) {  // also a finite x past the format's range: its error is no residual
+    bad = true;
+    return 0.0f;
+  }
+  return sub_rn(x, sent);
+}
+
+// int8: a non-finite x counts as 0 (code 0, residual 0, left out of its block's amax); the
+// caller raises the flag.
+TV_HD float finite_or_zero(float x) { return is_finite(x) ? x : 0.0f; }
+
+// The block's scale from its amax (over finite values): exactly 0 for an all-zero block.
+TV_HD float int8_scale(float amax) { return div_rn(amax, 127.0f); }
+
+// x's code, as a float holding an integer in [-127, 127]: a true division (never a multiply by
+// the reciprocal), rounded half to even like torch.round; a zero scale gives 0, never NaN.
+TV_HD float quantize_one(float x, float scale) {
+  return scale == 0.0f ? 0.0f : fminf(fmaxf(rintf(div_rn(x, scale)), -127.0f), 127.0f);
+}
+
+// What a code stands for, and what quantizing x left behind.
+TV_HD float dequantize_one(float code, float scale) { return mul_rn(code, scale); }
+TV_HD float int8_residual(float x, float code, float scale) {
+  return sub_rn(x, dequantize_one(code, scale));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Device code.
 
 template <int BYTES>
 __device__ __forceinline__ bool aligned(const void* p) {
   return (reinterpret_cast<unsigned long long>(p) & (BYTES - 1)) == 0;
-}
-
-// x = grad * weight + residual, two roundings like the CPU's separate multiply and add.
-__device__ __forceinline__ float error_feedback(float g, float w, float r) {
-  return __fadd_rn(__fmul_rn(g, w), r);
 }
 
 // One warp vote and one atomic per warp, and only when something was non-finite: the common
@@ -69,43 +157,10 @@ __device__ __forceinline__ void report_nonfinite(bool bad, int* flag) {
   if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) atomicOr(flag, 1);
 }
 
-// 16-bit payloads travel as raw bits (unsigned short) so that the launchers' signatures need
-// no half types; the codecs say how the bits round-trip.
-struct Half {
-  static __device__ __forceinline__ unsigned short encode(float x) {
-    return __half_as_ushort(__float2half_rn(x));
-  }
-  static __device__ __forceinline__ float decode(unsigned short p) {
-    return __half2float(__ushort_as_half(p));
-  }
-};
-
-struct BFloat16 {
-  static __device__ __forceinline__ unsigned short encode(float x) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
-  }
-  static __device__ __forceinline__ float decode(unsigned short p) {
-    return __bfloat162float(__ushort_as_bfloat16(p));
-  }
-};
-
 // ---------------------------------------------------------------------------------------------
 // 16-bit payloads: elementwise, grid-stride. When all pointers are 16-byte aligned a thread
 // moves TV_VEC elements per step (two float4 of fp32, one uint4 of payload); the last
 // n % TV_VEC elements (or everything, when unaligned) go one at a time.
-
-template <class Codec>
-__device__ __forceinline__ float compress_one(float g, float w, float r, unsigned short& p,
-                                              bool& bad) {
-  const float x = error_feedback(g, w, r);
-  p = Codec::encode(x);  // Inf/NaN stay in the payload, as with torch's .to()
-  const float sent = Codec::decode(p);
-  if (!is_finite(sent)) {  // also a finite x past the format's range: its error is no residual
-    bad = true;
-    return 0.0f;
-  }
-  return __fsub_rn(x, sent);
-}
 
 template <class Codec>
 __device__ __forceinline__ void compress_ef_16bit(const float* __restrict__ grad,
@@ -164,7 +219,7 @@ __device__ __forceinline__ void decompress_avg_16bit(const unsigned short* __res
 #pragma unroll
       for (int k = 0; k < TV_VEC; ++k) {
         const unsigned short p = (unsigned short)(words[k / 2] >> (16 * (k % 2)));
-        o[k] = __fmul_rn(Codec::decode(p), inv_n);
+        o[k] = average_one(Codec::decode(p), inv_n);
         bad |= !is_finite(o[k]);
       }
       o4[2 * i] = make_float4(o[0], o[1], o[2], o[3]);
@@ -173,7 +228,7 @@ __device__ __forceinline__ void decompress_avg_16bit(const unsigned short* __res
     vectorized = groups * TV_VEC;
   }
   for (long long i = vectorized + first; i < n; i += stride) {
-    const float o = __fmul_rn(Codec::decode(payload[i]), inv_n);
+    const float o = average_one(Codec::decode(payload[i]), inv_n);
     bad |= !is_finite(o);
     out[i] = o;
   }
@@ -194,15 +249,15 @@ __device__ __forceinline__ void decompress_avg_fp32(const float* __restrict__ pa
     float4* o4 = reinterpret_cast<float4*>(out);
     for (long long i = first; i < groups; i += stride) {
       const float4 p = p4[i];
-      const float4 o = make_float4(__fmul_rn(p.x, inv_n), __fmul_rn(p.y, inv_n),
-                                   __fmul_rn(p.z, inv_n), __fmul_rn(p.w, inv_n));
+      const float4 o = make_float4(average_one(p.x, inv_n), average_one(p.y, inv_n),
+                                   average_one(p.z, inv_n), average_one(p.w, inv_n));
       bad |= !(is_finite(o.x) && is_finite(o.y) && is_finite(o.z) && is_finite(o.w));
       o4[i] = o;
     }
     vectorized = groups * 4;
   }
   for (long long i = vectorized + first; i < n; i += stride) {
-    const float o = __fmul_rn(payload[i], inv_n);
+    const float o = average_one(payload[i], inv_n);
     bad |= !is_finite(o);
     out[i] = o;
   }
@@ -311,11 +366,9 @@ __device__ __forceinline__ float quantize_block(const float x[TV_QUANT_ITEMS],
 #pragma unroll
   for (int k = 0; k < TV_QUANT_ITEMS; ++k) amax = fmaxf(amax, fabsf(x[k]));
   amax = block_max(amax, warp_max);
-  const float scale = __fdiv_rn(amax, 127.0f);
+  const float scale = int8_scale(amax);
 #pragma unroll
-  for (int k = 0; k < TV_QUANT_ITEMS; ++k)
-    q[k] = scale == 0.0f ? 0.0f
-                         : fminf(fmaxf(rintf(__fdiv_rn(x[k], scale)), -127.0f), 127.0f);
+  for (int k = 0; k < TV_QUANT_ITEMS; ++k) q[k] = quantize_one(x[k], scale);
   return scale;
 }
 
@@ -377,15 +430,14 @@ tv_compress_ef_i8_kernel(const float* __restrict__ grad, float* __restrict__ res
 #pragma unroll
     for (int k = 0; k < TV_QUANT_ITEMS; ++k) {
       x[k] = tv::error_feedback(x[k], weight, r[k]);
-      if (!tv::is_finite(x[k])) {  // code 0 and residual 0 follow from x = 0
-        bad |= tv::item_index(vec, k) < len;  // padding (0 * an Inf weight) is no finding
-        x[k] = 0.0f;
-      }
+      // code 0 and residual 0 follow from x = 0; padding (0 * an Inf weight) is no finding
+      bad |= !tv::is_finite(x[k]) && tv::item_index(vec, k) < len;
+      x[k] = tv::finite_or_zero(x[k]);
     }
     const float scale = tv::quantize_block(x, codes, warp_max);
     if (threadIdx.x == 0) scales[b] = scale;
 #pragma unroll
-    for (int k = 0; k < TV_QUANT_ITEMS; ++k) r[k] = __fsub_rn(x[k], __fmul_rn(codes[k], scale));
+    for (int k = 0; k < TV_QUANT_ITEMS; ++k) r[k] = tv::int8_residual(x[k], codes[k], scale);
     tv::store_items(residual + start, vec, len, r);
     tv::store_codes(q + start, vec, len, codes);
   }
@@ -408,7 +460,7 @@ tv_decompress_avg_i8_kernel(const signed char* __restrict__ q, const float* __re
     tv::load_codes(q + start, vec, len, v);
 #pragma unroll
     for (int k = 0; k < TV_QUANT_ITEMS; ++k) {
-      v[k] = __fmul_rn(__fmul_rn(v[k], scale), inv_n);
+      v[k] = tv::average_one(tv::dequantize_one(v[k], scale), inv_n);
       // padding items past the block's end are 0 * scale: finite unless the scale is not,
       // so they are judged only when real
       if (tv::item_index(vec, k) < len) bad |= !tv::is_finite(v[k]);
@@ -441,14 +493,14 @@ tv_dequant_reduce_requant_i8_kernel(const signed char* __restrict__ q_in,
       float v[TV_QUANT_ITEMS];
       tv::load_codes(q_in + row * m + start, vec, len, v);
 #pragma unroll
-      for (int j = 0; j < TV_QUANT_ITEMS; ++j) sum[j] = __fadd_rn(sum[j], __fmul_rn(v[j], scale));
+      for (int j = 0; j < TV_QUANT_ITEMS; ++j)
+        sum[j] = tv::add_rn(sum[j], tv::dequantize_one(v[j], scale));
     }
 #pragma unroll
     for (int j = 0; j < TV_QUANT_ITEMS; ++j) {
-      if (!tv::is_finite(sum[j])) {  // only a non-finite input scale gets here
-        bad |= tv::item_index(vec, j) < len;
-        sum[j] = 0.0f;
-      }
+      // only a non-finite input scale gets here
+      bad |= !tv::is_finite(sum[j]) && tv::item_index(vec, j) < len;
+      sum[j] = tv::finite_or_zero(sum[j]);
     }
     const float scale = tv::quantize_block(sum, codes, warp_max);
     if (threadIdx.x == 0) scales_out[b] = scale;
@@ -460,7 +512,7 @@ tv_dequant_reduce_requant_i8_kernel(const signed char* __restrict__ q_in,
 #endif  // __CUDACC__
 
 // ---------------------------------------------------------------------------------------------
-// Launchers (defined in compress.cu): raw pointers, sizes, a stream; no allocation. Each ORs 1
+// 3. Launchers (defined in compress.cu): raw pointers, sizes, a stream; no allocation. Each ORs 1
 // into *flag (a device int the caller zeroed) when it meets a non-finite value, and returns the
 // launch's error (cudaSuccess when n is 0 and nothing was launched).
 

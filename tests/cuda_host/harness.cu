@@ -1,0 +1,132 @@
+// The element functions of csrc/cuda/compress.cuh, run on the host: the ops of the kernels in
+// plain loops, one element at a time, for tests/test_cuda_host_arith.py (ctypes) to compare
+// with the torch reference bit for bit.
+//
+// It lives under tests/, not csrc/cuda/, because it is test code: csrc/check_compile.sh builds
+// every csrc/cuda/*.cu for each architecture and counts their kernels, and the extension ships
+// that directory. Build (the test does this):
+//   nvcc -std=c++17 -O2 -shared -Xcompiler -fPIC,-ffp-contract=off --cudart none
+//        -I csrc/cuda tests/cuda_host/harness.cu -o harness.so
+// -ffp-contract=off keeps each host mul_rn / add_rn its own rounding (see compress.cuh).
+//
+// What the loops below are not: the kernels' memory traffic (vector loads, grid-stride
+// indexing, padding of a short block) and their CTA-wide steps (the warp-shuffle block max,
+// the flag's warp vote). The block max here is a sequential fmaxf, which gives the same value
+// in any order; the flag is an OR over the elements.
+#include "compress.cuh"
+
+namespace {
+
+enum Codec { FP16 = 0, BF16 = 1 };
+
+template <class C>
+int compress_ef_16bit(const float* grad, float* residual, unsigned short* payload, float weight,
+                      long long n) {
+  bool bad = false;
+  for (long long i = 0; i < n; ++i)
+    residual[i] = tv::compress_one<C>(grad[i], weight, residual[i], payload[i], bad);
+  return bad;
+}
+
+template <class C>
+int decompress_avg_16bit(const unsigned short* payload, float* out, float inv_n, long long n) {
+  bool bad = false;
+  for (long long i = 0; i < n; ++i) {
+    out[i] = tv::average_one(C::decode(payload[i]), inv_n);
+    bad |= !tv::is_finite(out[i]);
+  }
+  return bad;
+}
+
+// The int8 rule on one block of finite values: its scale, and each value's code.
+float quantize_block(const float* x, float* codes, long long len) {
+  float amax = 0.0f;
+  for (long long i = 0; i < len; ++i) amax = fmaxf(amax, fabsf(x[i]));
+  const float scale = tv::int8_scale(amax);
+  for (long long i = 0; i < len; ++i) codes[i] = tv::quantize_one(x[i], scale);
+  return scale;
+}
+
+}  // namespace
+
+extern "C" {
+
+int host_compress_ef_16bit(int codec, const float* grad, float* residual,
+                           unsigned short* payload, float weight, long long n) {
+  return codec == FP16 ? compress_ef_16bit<tv::Half>(grad, residual, payload, weight, n)
+                       : compress_ef_16bit<tv::BFloat16>(grad, residual, payload, weight, n);
+}
+
+int host_decompress_avg_16bit(int codec, const unsigned short* payload, float* out, float inv_n,
+                              long long n) {
+  return codec == FP16 ? decompress_avg_16bit<tv::Half>(payload, out, inv_n, n)
+                       : decompress_avg_16bit<tv::BFloat16>(payload, out, inv_n, n);
+}
+
+int host_decompress_avg_fp32(const float* payload, float* out, float inv_n, long long n) {
+  bool bad = false;
+  for (long long i = 0; i < n; ++i) {
+    out[i] = tv::average_one(payload[i], inv_n);
+    bad |= !tv::is_finite(out[i]);
+  }
+  return bad;
+}
+
+int host_compress_ef_i8(const float* grad, float* residual, signed char* q, float* scales,
+                        float weight, long long n, int block) {
+  bool bad = false;
+  float x[TV_BLOCK_MAX], codes[TV_BLOCK_MAX];
+  for (long long start = 0, b = 0; start < n; start += block, ++b) {
+    const long long len = n - start < block ? n - start : block;
+    for (long long i = 0; i < len; ++i) {
+      const float v = tv::error_feedback(grad[start + i], weight, residual[start + i]);
+      bad |= !tv::is_finite(v);
+      x[i] = tv::finite_or_zero(v);
+    }
+    const float scale = quantize_block(x, codes, len);
+    scales[b] = scale;
+    for (long long i = 0; i < len; ++i) {
+      residual[start + i] = tv::int8_residual(x[i], codes[i], scale);
+      q[start + i] = (signed char)(int)codes[i];
+    }
+  }
+  return bad;
+}
+
+int host_decompress_avg_i8(const signed char* q, const float* scales, float* out, float inv_n,
+                           long long n, int block) {
+  bool bad = false;
+  for (long long i = 0; i < n; ++i) {
+    out[i] = tv::average_one(tv::dequantize_one((float)q[i], scales[i / block]), inv_n);
+    bad |= !tv::is_finite(out[i]);
+  }
+  return bad;
+}
+
+// q_in [k, m] and scales_in [k, ceil(m / block)], row-major; sums in row order from 0.
+int host_dequant_reduce_requant_i8(const signed char* q_in, const float* scales_in, int k,
+                                   long long m, signed char* q_out, float* scales_out,
+                                   int block) {
+  bool bad = false;
+  const long long blocks = (m + block - 1) / block;
+  float sum[TV_BLOCK_MAX], codes[TV_BLOCK_MAX];
+  for (long long b = 0; b < blocks; ++b) {
+    const long long start = b * block;
+    const long long len = m - start < block ? m - start : block;
+    for (long long i = 0; i < len; ++i) sum[i] = 0.0f;
+    for (int row = 0; row < k; ++row) {
+      const float scale = scales_in[row * blocks + b];
+      for (long long i = 0; i < len; ++i)
+        sum[i] = tv::add_rn(sum[i], tv::dequantize_one((float)q_in[row * m + start + i], scale));
+    }
+    for (long long i = 0; i < len; ++i) {
+      bad |= !tv::is_finite(sum[i]);
+      sum[i] = tv::finite_or_zero(sum[i]);
+    }
+    scales_out[b] = quantize_block(sum, codes, len);
+    for (long long i = 0; i < len; ++i) q_out[start + i] = (signed char)(int)codes[i];
+  }
+  return bad;
+}
+
+}  // extern "C"
