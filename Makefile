@@ -8,8 +8,12 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.transientvod-installed
 PYTEST_ARGS ?=
+# A CUDA build of torch in a venv of its own, kept between runs, for the test that builds the
+# whole CUDA extension (tests/test_cuda_extension_build.py); only where nvcc is on the PATH.
+CUDA_VENV ?= $(HOME)/.cache/transientvod/venv-cuda-torch2.14.1
+CUDA_TORCH_SPEC ?= torch==2.14.1
 
-.PHONY: install browser testbed-tools demo test clean
+.PHONY: install browser testbed-tools cuda-env demo test clean
 
 install: $(STAMP)
 
@@ -45,7 +49,17 @@ testbed-tools:
 	      openssh-server openssh-client iproute2 >/dev/null; \
 	  else echo "make: sshd or iproute2 is missing and apt-get needs root: the testbed tests will be skipped"; fi; }
 
-test: install browser testbed-tools
+cuda-env:
+	@if ! command -v nvcc >/dev/null 2>&1 || [ "$$(uname -m)" != x86_64 ]; then \
+	  echo "make: no nvcc on the PATH (or not x86_64): the CUDA extension build test will be skipped"; \
+	elif [ ! -f $(CUDA_VENV)/.installed ]; then \
+	  echo "make: installing $(CUDA_TORCH_SPEC) (a CUDA build, about 5.5 GB) into $(CUDA_VENV) for the extension build test; once, a few minutes"; \
+	  $(PYTHON) -m venv $(CUDA_VENV) && \
+	  $(CUDA_VENV)/bin/pip install --quiet $(CUDA_TORCH_SPEC) numpy setuptools wheel ninja > $(CUDA_VENV)/install.log 2>&1 || \
+	    { tail -20 $(CUDA_VENV)/install.log; echo "make: installing $(CUDA_TORCH_SPEC) into $(CUDA_VENV) failed (log above)"; exit 1; }; \
+	  touch $(CUDA_VENV)/.installed; echo "make: $(CUDA_VENV) is ready"; fi
+
+test: install browser testbed-tools cuda-env
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:

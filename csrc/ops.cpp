@@ -35,16 +35,75 @@ const at::Tensor& int8_scales(const std::optional<at::Tensor>& scales) {
   return *scales;
 }
 
-void compress_ef(const at::Tensor& grad, at::Tensor& residual, at::Tensor& payload,
-                 double weight, const std::optional<at::Tensor>& scales, int64_t block,
-                 at::Tensor& flag) {
+// The checks of each op, shared by its CUDA implementation and its Meta one (which is only
+// these checks: the ops write into their arguments and return nothing, so tracing them with
+// fake or meta tensors, as torch.compile and torch.library.opcheck do, needs no more).
+
+void check_compress_ef(const at::Tensor& grad, const at::Tensor& residual, const at::Tensor& payload,
+                       const std::optional<at::Tensor>& scales, int64_t block, const at::Tensor& flag) {
   const int64_t n = grad.numel();
   const at::Device device = grad.device();
   check_tensor(grad, "grad", at::kFloat, n, device);
   check_tensor(residual, "residual", at::kFloat, n, device);
   check_tensor(payload, "payload", payload.scalar_type(), n, device);
   check_tensor(flag, "flag", at::kInt, 1, device);
-  const c10::cuda::CUDAGuard guard(device);
+  const at::ScalarType dtype = payload.scalar_type();
+  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kChar,
+              "payload must be float16, bfloat16 or int8, not ", dtype);
+  if (dtype == at::kChar) {
+    check_tensor(int8_scales(scales), "scales", at::kFloat, blocks_of(n, block), device);
+  }
+}
+
+void check_decompress_avg(const at::Tensor& payload, const at::Tensor& out,
+                          const std::optional<at::Tensor>& scales, int64_t block, const at::Tensor& flag) {
+  const int64_t n = payload.numel();
+  const at::Device device = payload.device();
+  check_tensor(payload, "payload", payload.scalar_type(), n, device);
+  check_tensor(out, "out", at::kFloat, n, device);
+  check_tensor(flag, "flag", at::kInt, 1, device);
+  const at::ScalarType dtype = payload.scalar_type();
+  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat || dtype == at::kChar,
+              "payload must be float32, float16, bfloat16 or int8, not ", dtype);
+  if (dtype == at::kChar) {
+    check_tensor(int8_scales(scales), "scales", at::kFloat, blocks_of(n, block), device);
+  }
+}
+
+void check_dequant_reduce_requant(const at::Tensor& q_in, const at::Tensor& scales_in, const at::Tensor& q_out,
+                                  const at::Tensor& scales_out, int64_t block, const at::Tensor& flag) {
+  TORCH_CHECK(q_in.dim() == 2, "q_in must be [k, m], not ", q_in.sizes());
+  const int64_t k = q_in.size(0), m = q_in.size(1), blocks = blocks_of(m, block);
+  TORCH_CHECK(k <= INT32_MAX, "q_in has too many rows: ", k);
+  const at::Device device = q_in.device();
+  check_tensor(q_in, "q_in", at::kChar, k * m, device);
+  check_tensor(scales_in, "scales_in", at::kFloat, k * blocks, device);
+  check_tensor(q_out, "q_out", at::kChar, m, device);
+  check_tensor(scales_out, "scales_out", at::kFloat, blocks, device);
+  check_tensor(flag, "flag", at::kInt, 1, device);
+}
+
+void compress_ef_meta(const at::Tensor& grad, at::Tensor& residual, at::Tensor& payload, double,
+                      const std::optional<at::Tensor>& scales, int64_t block, at::Tensor& flag) {
+  check_compress_ef(grad, residual, payload, scales, block, flag);
+}
+
+void decompress_avg_meta(const at::Tensor& payload, at::Tensor& out, double,
+                         const std::optional<at::Tensor>& scales, int64_t block, at::Tensor& flag) {
+  check_decompress_avg(payload, out, scales, block, flag);
+}
+
+void dequant_reduce_requant_meta(const at::Tensor& q_in, const at::Tensor& scales_in, at::Tensor& q_out,
+                                 at::Tensor& scales_out, int64_t block, at::Tensor& flag) {
+  check_dequant_reduce_requant(q_in, scales_in, q_out, scales_out, block, flag);
+}
+
+void compress_ef(const at::Tensor& grad, at::Tensor& residual, at::Tensor& payload,
+                 double weight, const std::optional<at::Tensor>& scales, int64_t block,
+                 at::Tensor& flag) {
+  check_compress_ef(grad, residual, payload, scales, block, flag);
+  const int64_t n = grad.numel();
+  const c10::cuda::CUDAGuard guard(grad.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const float w = static_cast<float>(weight);  // the CPU side multiplies by a float32 too
   int* f = flag.mutable_data_ptr<int>();
@@ -63,7 +122,6 @@ void compress_ef(const at::Tensor& grad, at::Tensor& residual, at::Tensor& paylo
       break;
     case at::kChar: {
       const at::Tensor& s = int8_scales(scales);
-      check_tensor(s, "scales", at::kFloat, blocks_of(n, block), device);
       C10_CUDA_CHECK(tv_compress_ef_i8(grad.const_data_ptr<float>(),
                                        residual.mutable_data_ptr<float>(),
                                        payload.mutable_data_ptr<int8_t>(),
@@ -77,12 +135,9 @@ void compress_ef(const at::Tensor& grad, at::Tensor& residual, at::Tensor& paylo
 
 void decompress_avg(const at::Tensor& payload, at::Tensor& out, double inv_n,
                     const std::optional<at::Tensor>& scales, int64_t block, at::Tensor& flag) {
+  check_decompress_avg(payload, out, scales, block, flag);
   const int64_t n = payload.numel();
-  const at::Device device = payload.device();
-  check_tensor(payload, "payload", payload.scalar_type(), n, device);
-  check_tensor(out, "out", at::kFloat, n, device);
-  check_tensor(flag, "flag", at::kInt, 1, device);
-  const c10::cuda::CUDAGuard guard(device);
+  const c10::cuda::CUDAGuard guard(payload.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const float s_inv = static_cast<float>(inv_n);
   int* f = flag.mutable_data_ptr<int>();
@@ -103,7 +158,6 @@ void decompress_avg(const at::Tensor& payload, at::Tensor& out, double inv_n,
       break;
     case at::kChar: {
       const at::Tensor& s = int8_scales(scales);
-      check_tensor(s, "scales", at::kFloat, blocks_of(n, block), device);
       C10_CUDA_CHECK(tv_decompress_avg_i8(payload.const_data_ptr<int8_t>(),
                                           s.const_data_ptr<float>(),
                                           out.mutable_data_ptr<float>(), s_inv, n, block, f,
@@ -119,16 +173,9 @@ void decompress_avg(const at::Tensor& payload, at::Tensor& out, double inv_n,
 void dequant_reduce_requant(const at::Tensor& q_in, const at::Tensor& scales_in,
                             at::Tensor& q_out, at::Tensor& scales_out, int64_t block,
                             at::Tensor& flag) {
-  TORCH_CHECK(q_in.dim() == 2, "q_in must be [k, m], not ", q_in.sizes());
-  const int64_t k = q_in.size(0), m = q_in.size(1), blocks = blocks_of(m, block);
-  TORCH_CHECK(k <= INT32_MAX, "q_in has too many rows: ", k);
-  const at::Device device = q_in.device();
-  check_tensor(q_in, "q_in", at::kChar, k * m, device);
-  check_tensor(scales_in, "scales_in", at::kFloat, k * blocks, device);
-  check_tensor(q_out, "q_out", at::kChar, m, device);
-  check_tensor(scales_out, "scales_out", at::kFloat, blocks, device);
-  check_tensor(flag, "flag", at::kInt, 1, device);
-  const c10::cuda::CUDAGuard guard(device);
+  check_dequant_reduce_requant(q_in, scales_in, q_out, scales_out, block, flag);
+  const int64_t k = q_in.size(0), m = q_in.size(1);
+  const c10::cuda::CUDAGuard guard(q_in.device());
   C10_CUDA_CHECK(tv_dequant_reduce_requant_i8(
       q_in.const_data_ptr<int8_t>(), scales_in.const_data_ptr<float>(), static_cast<int>(k), m,
       q_out.mutable_data_ptr<int8_t>(), scales_out.mutable_data_ptr<float>(), block,
@@ -151,6 +198,12 @@ TORCH_LIBRARY_IMPL(transientvod, CUDA, m) {
   m.impl("compress_ef_", &compress_ef);
   m.impl("decompress_avg_", &decompress_avg);
   m.impl("dequant_reduce_requant_", &dequant_reduce_requant);
+}
+
+TORCH_LIBRARY_IMPL(transientvod, Meta, m) {
+  m.impl("compress_ef_", &compress_ef_meta);
+  m.impl("decompress_avg_", &decompress_avg_meta);
+  m.impl("dequant_reduce_requant_", &dequant_reduce_requant_meta);
 }
 
 // `import transientvod._C` loads this library, which registers the ops above; the module

@@ -7,6 +7,7 @@ host by tests/test_ops.py (see tests/gpu/run_checks.sh).
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -127,3 +128,38 @@ def test_setup_extension_builds_only_what_it_can(monkeypatch):
 
 def test_gpu_check_script_parses():
     subprocess.run(["bash", "-n", str(ROOT / "tests" / "gpu" / "run_checks.sh")], check=True)
+
+
+def test_the_toolkit_is_found_behind_an_nvcc_wrapper(tmp_path, monkeypatch):
+    # torch takes the directory above the first nvcc on PATH as CUDA_HOME; above a wrapper
+    # script there are no CUDA headers, and the build died in the compile. find_toolkit asks
+    # nvcc where it really lives.
+    setup_extension = _setup_extension()
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on the PATH")
+    wrapper_bin = tmp_path / "bin"
+    wrapper_bin.mkdir()
+    (wrapper_bin / "nvcc").write_text(f'#!/bin/sh\nexec {nvcc} "$@"\n')
+    (wrapper_bin / "nvcc").chmod(0o755)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setenv("PATH", f"{wrapper_bin}:{os.environ['PATH']}")
+    toolkit, why_not = setup_extension.find_toolkit()
+    assert why_not is None
+    assert toolkit != str(tmp_path)
+    assert os.path.isfile(os.path.join(toolkit, "include", "cuda_runtime.h"))
+    assert os.environ["CUDA_HOME"] == toolkit
+
+
+def test_a_cuda_home_without_headers_is_one_sentence(tmp_path, monkeypatch):
+    setup_extension = _setup_extension()
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    toolkit, why_not = setup_extension.find_toolkit()
+    assert toolkit is None
+    assert why_not.startswith(f"CUDA_HOME={tmp_path} has no include/cuda_runtime.h; set CUDA_HOME to")
+    monkeypatch.delenv("CUDA_HOME")
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvcc anywhere
+    assert setup_extension.find_toolkit() == (None, "nvcc was not found (set CUDA_HOME or put the CUDA toolkit's "
+                                                   "bin/ on PATH)")
