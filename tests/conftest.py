@@ -130,11 +130,15 @@ def free_port() -> int:
 @contextlib.contextmanager
 def moto_aws(config_dir: Path):
     """A moto server on 127.0.0.1 (never 0.0.0.0) and an environment that points boto3 at it
-    with fake credentials; nothing of the developer's own AWS setup leaks in. Yields the URL."""
+    with fake credentials; nothing of the developer's own AWS setup leaks in. Yields the URL.
+    The credentials are in the environment and in a credentials file: a job's workers get only
+    the file's path (the launcher keeps credentials out of horovodrun's environment)."""
     from moto.server import ThreadedMotoServer
 
     empty = config_dir / "empty-aws-config"
     empty.write_text("")
+    credentials = config_dir / "fake-aws-credentials"
+    credentials.write_text("[default]\naws_access_key_id = testing\naws_secret_access_key = testing\n")
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
@@ -148,7 +152,7 @@ def moto_aws(config_dir: Path):
             env.setenv("AWS_DEFAULT_REGION", "us-east-1")
             env.setenv("AWS_EC2_METADATA_DISABLED", "true")
             env.setenv("AWS_CONFIG_FILE", str(empty))
-            env.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
+            env.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
             yield f"http://127.0.0.1:{port}"
     finally:
         server.stop()

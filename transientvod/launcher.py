@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transientvod.config import Config, write_resolved
+from transientvod.worker_env import worker_environment
 
 HOST_LINE = re.compile(r"^[^\s:]+:\d+$")
 HOST_COOLDOWN_MAX = 600  # seconds: the longest a failed host is kept out (cluster.host_cooldown)
@@ -243,9 +244,11 @@ CAPACITY_TIMEOUT = "Please check that you have enough resources to run at least"
 def run_horovodrun(argv: list[str]) -> tuple[int, bool]:
     """Run horovodrun, passing its stderr through line by line (its driver logs there);
     returns its exit code and whether it gave up waiting for capacity (so the launcher can
-    say so in one sentence). Its stdout goes straight to ours."""
+    say so in one sentence). Its stdout goes straight to ours. It starts with the allow-listed
+    environment (worker_environment): what it has, every worker's ssh command line shows."""
     capacity_timed_out = False
-    with subprocess.Popen(argv, stderr=subprocess.PIPE, bufsize=1, text=True, errors="replace") as proc:
+    env = worker_environment(os.environ)
+    with subprocess.Popen(argv, stderr=subprocess.PIPE, bufsize=1, text=True, errors="replace", env=env) as proc:
         for line in proc.stderr:
             sys.stderr.write(line)
             capacity_timed_out = capacity_timed_out or CAPACITY_TIMEOUT in line

@@ -215,5 +215,7 @@ def test_aws_errors_are_one_sentence(moto, monkeypatch, tmp_path):
         SpotPriceHistory(region="us-east-1", zone=ZONE, endpoint_url=unreachable, session=session).price_at(GPU, T0)
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    (tmp_path / "no-credentials").write_text("")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
     with pytest.raises(PriceError, match="no AWS credentials found"):
         SpotPriceHistory(region="us-east-1", zone=ZONE, endpoint_url=unreachable).price_at(GPU, T0)

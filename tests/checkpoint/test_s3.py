@@ -271,10 +271,12 @@ def test_denied_access_is_a_checkpoint_error_naming_the_bucket(proxy, uri):
     assert_one_sentence(message)
 
 
-def test_no_credentials_is_a_checkpoint_error(moto_endpoint, uri, monkeypatch):
+def test_no_credentials_is_a_checkpoint_error(moto_endpoint, uri, monkeypatch, tmp_path):
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
                  "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN"):
         monkeypatch.delenv(name, raising=False)
+    (tmp_path / "no-credentials").write_text("")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
     with pytest.raises(CheckpointError) as raised:
         S3CheckpointStore(uri, endpoint_url=moto_endpoint)
     message = str(raised.value)

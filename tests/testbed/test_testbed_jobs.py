@@ -220,3 +220,47 @@ def test_rank0_host_vanishes_mid_checkpoint_and_no_partial_checkpoint_is_loaded(
     # one's step again, completely); the newest loads with its checksums verified.
     step_dirs = list(checkpoints.glob("step-*"))
     assert step_dirs and all((d / "manifest.json").exists() for d in step_dirs), step_dirs
+
+
+def command_lines() -> dict[int, str]:
+    """Every process's argv on this machine (all testbed namespaces share its PID namespace)."""
+    lines = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                lines[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue  # it ended meanwhile
+    return lines
+
+
+def test_a_secret_in_the_launchers_environment_reaches_no_command_line_log_or_run(testbed_factory, tmp_path):
+    # horovodrun puts its whole environment on each remote worker's ssh command line, where
+    # `ps` shows it to every user. The launcher starts it with an allow-list instead.
+    record = testbed_factory(2)
+    secret, other_secret = "tvd-secret-5f1c2a", "tvd-secret-9b7e04"
+    job = RehearsalJob(tmp_path, record, "secret", train={"steps": 400}, cluster={"min_np": 2, "max_np": 2},
+                       tracking={"enabled": True})  # no host vanishes here, so SQLite on the shared disk is safe
+    env = {**job_environment(), "AWS_SECRET_ACCESS_KEY": secret, "DATABASE_PASSWORD": other_secret}
+    Rehearsal.start(job, fixed_hosts(record), env=env)
+    seen_worker_ssh, leaks = False, []
+    while job.proc.poll() is None:
+        for pid, line in command_lines().items():
+            if secret in line or other_secret in line:
+                leaks.append(line[:300])
+            # The positive control: an allowed variable on a worker's ssh command line shows that
+            # this scan sees the lines a leak would be on.
+            if line.startswith("ssh ") and "TRANSIENTVOD_STEP_SECONDS=" in line and "transientvod.train" in line:
+                seen_worker_ssh = True
+        time.sleep(0.2)
+    assert job.proc.returncode == 0, job.log()
+    assert seen_worker_ssh, "never saw a worker's ssh command line: the scan proves nothing"
+    assert leaks == []
+    log = job.log_path.read_text(errors="replace")
+    assert secret not in log and other_secret not in log
+    assert "AWS_SECRET_ACCESS_KEY stay in the launcher" in log  # the user is told why workers lack it
+    for path in job.run_dir.parent.rglob("*"):  # run files, checkpoints, the MLflow store and artifacts
+        if path.is_file():
+            data = path.read_bytes()
+            assert secret.encode() not in data and other_secret.encode() not in data, path
+    assert (job.run_dir.parent / "mlflow.db").exists()
