@@ -465,6 +465,14 @@ def test_gce_watcher_does_not_sleep_between_long_polls(gce):
         watcher.stop()
 
 
+def test_gce_watcher_stop_does_not_wait_out_a_long_poll(gce):
+    watcher = NoticeWatcher(GceNoticeSource(gce.url, long_poll_seconds=10), poll_seconds=5).start()
+    assert _wait_until(lambda: any("wait_for_change" in r for r in gce.requests), 2)
+    started = time.monotonic()
+    watcher.stop()
+    assert time.monotonic() - started < 1.5
+
+
 def test_gce_terminate_on_host_maintenance_is_a_notice_and_migration_is_not(gce):
     source = GceNoticeSource(gce.url, long_poll_seconds=1)
     gce.set("instance/maintenance-event", "MIGRATE_ON_HOST_MAINTENANCE")

@@ -449,9 +449,10 @@ class NoticeWatcher:
         self._stopping.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            # A poll in flight ends within its own timeout (a long poll's can be longer);
-            # don't hold the caller longer than one poll interval for it.
-            thread.join(timeout=self.poll_seconds + 1.0)
+            # A poll in flight ends within its own timeout; don't hold the caller longer than
+            # one poll interval for it, nor more than a second for a long poll (which the
+            # server may hold for GCE_LONG_POLL_SECONDS): the thread is a daemon.
+            thread.join(timeout=1.0 if self.source.waits else self.poll_seconds + 1.0)
 
     def _prepare(self) -> None:
         try:
