@@ -145,6 +145,7 @@ class Gce:
                        "instance/id": "4520031799277581759"}
         self.requests: list[str] = []
         self.status_override: int | None = None
+        self.holds_requests = True  # False: a server that ignores wait_for_change
 
     def set(self, key: str, value: str):
         with self.changed:
@@ -186,7 +187,7 @@ class GceHandler(BaseHTTPRequestHandler):
         with gce.changed:
             if key not in gce.values:
                 return self._answer(404, GCE_404, "text/html; charset=UTF-8")
-            if query.get("wait_for_change") == "true":
+            if query.get("wait_for_change") == "true" and gce.holds_requests:
                 last = query.get("last_etag") or Gce.etag(gce.values[key])
                 gce.changed.wait_for(lambda: Gce.etag(gce.values[key]) != last, float(query.get("timeout_sec", 60)))
             value = gce.values[key]
@@ -471,6 +472,22 @@ def test_gce_watcher_stop_does_not_wait_out_a_long_poll(gce):
     started = time.monotonic()
     watcher.stop()
     assert time.monotonic() - started < 1.5
+
+
+def test_gce_server_that_does_not_hold_requests_is_polled_not_spun_on(gce):
+    gce.holds_requests = False
+    source = GceNoticeSource(gce.url, long_poll_seconds=5)
+    watcher = NoticeWatcher(source, poll_seconds=0.2).start()
+    try:
+        assert _wait_until(lambda: not source.waits, 2), "the watcher never noticed"
+        count = len(gce.requests)
+        time.sleep(0.5)
+        # polling every 0.2 s: a few requests (two each), not hundreds
+        assert len(gce.requests) - count <= 10, len(gce.requests) - count
+        gce.set("instance/preempted", "TRUE")
+        assert watcher.event.wait(1.0)
+    finally:
+        watcher.stop()
 
 
 def test_gce_terminate_on_host_maintenance_is_a_notice_and_migration_is_not(gce):

@@ -336,11 +336,20 @@ class GceNoticeSource(NoticeSource):
             if self._preempted_etag:
                 path += f"&last_etag={self._preempted_etag}"
             timeout = self.long_poll_seconds + self.timeout
+        asked_at = time.monotonic()
         status, body, headers = self._get(path, timeout)
         if status != 200:
             raise self._unexpected(status, "instance/preempted")
+        etag = headers.get("ETag") or None
+        if self._preempted_read and etag == self._preempted_etag and time.monotonic() - asked_at < 0.5 \
+                and self.waits:
+            # Answered at once with nothing changed: this server does not hold requests, and
+            # asking again at once would spin. The watcher goes back to polling.
+            self.waits = False
+            log.info("%s at %s does not hold wait_for_change requests; polling it instead.",
+                     self.ENDPOINT, self.base_url)
         self._preempted_read = True
-        self._preempted_etag = headers.get("ETag") or None
+        self._preempted_etag = etag
         answer = self._flag(body, "instance/preempted", ("TRUE", "FALSE"))
         if answer == "TRUE":
             seen_at = time.time()
