@@ -322,10 +322,14 @@ def test_imds_instance_action_wins_over_rebalance(imds):
     assert (notice.action, notice.terminate_at) == ("stop", TERMINATE_UNIX)
 
 
-def test_imds_instance_action_without_a_readable_time_is_still_a_notice(imds):
+def test_imds_instance_action_without_a_readable_time_is_still_a_notice(imds, caplog):
+    caplog.set_level(logging.INFO, logger="transientvod.spot.notices")
     imds.instance_action = {"action": "terminate", "time": "soon"}
     notice = Imdsv2NoticeSource(imds.url).check()
     assert (notice.action, notice.terminate_at) == ("terminate", None)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "'soon', which is not an ISO 8601 time" in warnings[0]
+    assert warnings[0].count(". ") == 0
 
 
 @pytest.mark.parametrize("body", [b"<html>not json</html>", b'{"time": "2017-09-18T08:22:00Z"}',
@@ -385,13 +389,11 @@ def test_imds_neither_token_nor_imdsv1_is_said_at_start_up(imds, caplog):
     caplog.set_level(logging.INFO, logger="transientvod.spot.notices")
     imds.token_reply_dropped = True
     source = Imdsv2NoticeSource(imds.url, timeout=0.3)
-    checks = []
-    original = source.check
-    source.check = lambda: checks.append(1) or original()
     watcher = NoticeWatcher(source, poll_seconds=30)
     watcher.start()
     try:
-        # Said by the time start() returns, before any poll of the thread.
+        # Said by the time start() returns; the thread's first poll cannot have failed yet
+        # (its token PUT waits out the same 0.3 s).
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert len(warnings) == 1, warnings
         assert "--http-put-response-hop-limit 2" in warnings[0]
@@ -614,7 +616,10 @@ def test_watcher_sees_notice_and_stops_polling(imds, caplog):
         watcher.stop()
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
-    assert warnings[0].startswith("interruption notice from aws: terminate, server goes at 2017-09-18 08:22:00 UTC")
+    # 2017 is long past: the time is shown, and that it has passed
+    assert warnings[0].startswith("interruption notice from aws: terminate, server goes at 2017-09-18 08:22:00 UTC "
+                                  "(already ")
+    assert warnings[0].endswith(" s past)")
 
 
 def test_watcher_unreachable_endpoint_warns_once(closed_port_url, caplog):

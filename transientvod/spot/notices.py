@@ -227,6 +227,9 @@ class Imdsv2NoticeSource(NoticeSource):
                                     f"with action {action!r}, not one of {', '.join(AWS_ACTIONS)}.")
         seen_at = time.time()
         terminate_at = _unix_time(answer.get("time"))
+        if terminate_at is None:
+            log.warning("%s gave the %s notice the time %r, which is not an ISO 8601 time; the server may go "
+                        "at any moment.", self.ENDPOINT, action, str(answer.get("time"))[:40])
         if action == "hibernate":
             # Hibernation starts with the notice: there are no two minutes to spend.
             terminate_at = seen_at if terminate_at is None else min(terminate_at, seen_at)
@@ -516,6 +519,9 @@ def _describe_time(terminate_at: float | None, seen_at: float) -> str:
     if terminate_at is None:
         return "unknown"
     moment = datetime.fromtimestamp(terminate_at, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    if terminate_at < seen_at - 1:
+        # An old notice still served, or a clock that is off: the time is no guide, so say so.
+        return f"{moment} (already {seen_at - terminate_at:.0f} s past)"
     return f"{moment} (in {terminate_at - seen_at:.0f} s)"
 
 
