@@ -3,8 +3,10 @@
 Each training worker starts a `NoticeWatcher` on a daemon thread. The thread asks a
 `NoticeSource` (the EC2 instance-metadata service, the GCE metadata server, or the
 host-state file the trace replayer writes) every `poll_seconds`, or, for GCE, holds a long
-poll that the metadata server answers the moment the VM is preempted; the training loop only reads
-`watcher.event.is_set()` and `watcher.notice` once a step, so it never waits on the network.
+poll that the metadata server answers the moment the VM is preempted. The training loop only
+reads `watcher.event.is_set()` and `watcher.notice` once a step, so it never waits on the
+network. `start()` first checks that the source can be read at all, so a worker that will
+hear nothing says why before it trains.
 When a notice arrives the loop commits, writes a durable checkpoint, and the host drops out
 of discovery before the cloud takes it: no steps are lost.
 
@@ -378,7 +380,7 @@ class GceNoticeSource(NoticeSource):
         if headers is None or headers.get("Metadata-Flavor") != "Google":
             raise NoticeSourceError(f"{self.base_url} answered HTTP {status} without the header "
                                     "Metadata-Flavor: Google, so it is not the GCE metadata server; "
-                                    "run on a GCE VM, unset any proxy in the way, or choose another notice source.")
+                                    "run on a GCE VM or choose another notice source.")
         return status, body, headers
 
     def _flag(self, body: bytes, path: str, values: tuple[str, ...]) -> str:
