@@ -11,6 +11,7 @@ What moto cannot do, and how these tests cope:
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -20,8 +21,8 @@ import pytest
 
 from conftest import free_port, reset_moto
 
-from transientvod.spot.aws import (INTERRUPTION_WARNING, REBALANCE_RECOMMENDATION, AwsProvider,
-                                   notice_from_event, notices_from_spot_requests)
+from transientvod.spot.aws import (CAPACITY_RESERVATION_WARNING, INTERRUPTION_WARNING, REBALANCE_RECOMMENDATION,
+                                   AwsProvider, notice_from_event, notices_from_spot_requests)
 from transientvod.spot.hosts import GONE, NOTICED, USABLE
 from transientvod.spot.provider import ProviderError
 
@@ -63,11 +64,15 @@ class Cloud:
     def queue(self, name: str = "notices") -> str:
         return self.sqs.create_queue(QueueName=name)["QueueUrl"]
 
-    def send_event(self, queue_url: str, detail_type: str, instance_id: str, time_text: str | None = EVENT_TIME):
-        """The event exactly as an EventBridge rule with an SQS target delivers it."""
+    def send_event(self, queue_url: str, detail_type: str, instance_id: str, time_text: str | None = EVENT_TIME,
+                   action: str = "terminate", **detail_fields):
+        """The event exactly as an EventBridge rule with an SQS target delivers it (the
+        shapes of AWS's documentation: instance-action on the two warnings, and the
+        capacity-reservation warning's instance-termination-time)."""
         detail = {"instance-id": instance_id}
-        if detail_type == INTERRUPTION_WARNING:
-            detail["instance-action"] = "terminate"
+        if detail_type in (INTERRUPTION_WARNING, CAPACITY_RESERVATION_WARNING):
+            detail["instance-action"] = action
+        detail.update(detail_fields)
         event = {"version": "0", "id": "7e7c6b8a-1f3c-4c1e-9a0b-2d8e5b0c4f11", "detail-type": detail_type,
                  "source": "aws.ec2", "account": "123456789012", "region": "us-east-1",
                  "resources": [f"arn:aws:ec2:us-east-1:123456789012:instance/{instance_id}"], "detail": detail}
@@ -197,6 +202,58 @@ def test_event_parsing_reads_the_sns_envelope_and_rejects_what_is_not_an_event()
         notice_from_event(json.dumps({**event, "detail": {"instance-id": 7}}), NOW)
 
 
+def test_hibernate_warning_through_the_queue_has_no_two_minutes(aws):
+    hibernating, stopping = aws.launch("g4dn.12xlarge"), aws.launch("g4dn.12xlarge")
+    queue = aws.queue()
+    aws.send_event(queue, INTERRUPTION_WARNING, hibernating["InstanceId"], action="hibernate")
+    aws.send_event(queue, INTERRUPTION_WARNING, stopping["InstanceId"], action="stop")
+
+    hosts = by_id(aws.provider(queue_url=queue).poll(EVENT_UNIX + 1))
+
+    assert (hosts[hibernating["InstanceId"]].state, hosts[hibernating["InstanceId"]].terminate_at) == \
+        (NOTICED, EVENT_UNIX)
+    assert (hosts[stopping["InstanceId"]].state, hosts[stopping["InstanceId"]].terminate_at) == \
+        (NOTICED, EVENT_UNIX + 120)
+
+
+def test_capacity_reservation_warning_is_read_with_its_own_termination_time(aws):
+    instance, other = aws.launch("g4dn.12xlarge", spot=False), aws.launch("g4dn.12xlarge", spot=False)
+    queue = aws.queue()
+    aws.send_event(queue, CAPACITY_RESERVATION_WARNING, instance["InstanceId"],
+                   **{"instance-termination-time": "2026-11-30T03:47:05Z", "availability-zone": "us-east-1a",
+                      "instance-lifecycle": "capacity-block"})
+
+    hosts = by_id(aws.provider(queue_url=queue).poll(EVENT_UNIX + 1))
+
+    noticed = hosts[instance["InstanceId"]]
+    assert (noticed.state, noticed.notice_at, noticed.terminate_at) == (NOTICED, EVENT_UNIX, EVENT_UNIX + 600)
+    assert hosts[other["InstanceId"]].state == USABLE
+    assert aws.messages_left(queue) == 0
+
+
+def test_bad_notice_events_get_one_sentence_each(aws, caplog):
+    instance = aws.launch("g4dn.12xlarge")
+    queue = aws.queue()
+    caplog.set_level(logging.INFO, logger="transientvod.spot.aws")
+    # No instance id: dropped with a sentence naming what is missing.
+    aws.sqs.send_message(QueueUrl=queue, MessageBody=json.dumps(
+        {"version": "0", "detail-type": CAPACITY_RESERVATION_WARNING, "source": "aws.ec2", "time": EVENT_TIME,
+         "detail": {"instance-action": "terminate", "instance-termination-time": EVENT_TIME}}))
+    # An unreadable termination time: still a notice, going now, and said so.
+    aws.send_event(queue, CAPACITY_RESERVATION_WARNING, instance["InstanceId"],
+                   **{"instance-termination-time": "in ten minutes"})
+
+    host = aws.provider(queue_url=queue).poll(EVENT_UNIX + 30)[0]
+
+    assert (host.state, host.notice_at, host.terminate_at) == (NOTICED, EVENT_UNIX, EVENT_UNIX)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("names no instance-id" in w for w in warnings), warnings
+    assert any("'in ten minutes', which is not an ISO 8601 time" in w for w in warnings), warnings
+    assert any("30 s ago" in w for w in warnings), warnings  # the time it names has passed
+    assert all(w.count(". ") == 0 for w in warnings), warnings  # one sentence each
+    assert aws.messages_left(queue) == 0
+
+
 def test_spot_request_status_codes_that_mark_an_instance_notice_it(aws):
     # moto never sets these codes (its requests stay "fulfilled") and puts no
     # SpotInstanceRequestId on instances, so the mapping is checked on rows shaped like
@@ -210,6 +267,8 @@ def test_spot_request_status_codes_that_mark_an_instance_notice_it(aws):
     assert notices.keys() == {"i-0", "i-1", "i-2", "i-3", "i-4"}
     assert notices["i-0"].terminate_at == NOW + 120 and notices["i-0"].notice_at == NOW
     assert notices["i-3"].terminate_at == NOW
+    # Hibernation starts at once: no two minutes to spend.
+    assert notices["i-2"].terminate_at == NOW
 
     aws.ec2.request_spot_instances(SpotPrice="1", InstanceCount=1,
                                    LaunchSpecification={"ImageId": aws.ami, "InstanceType": "g4dn.12xlarge"})

@@ -3,6 +3,7 @@ metadata endpoints (the one thing that cannot exist on this machine), and a real
 file."""
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import socket
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -33,6 +35,16 @@ TERMINATE_ISO = "2017-09-18T08:22:00Z"
 TERMINATE_UNIX = datetime(2017, 9, 18, 8, 22, tzinfo=timezone.utc).timestamp()
 
 
+# The bodies and headers the metadata services answer with, as AWS documents them and the EC2
+# metadata mock (aws/amazon-ec2-metadata-mock) reproduces them: text/plain JSON for a notice,
+# an XHTML page for 401 and 404, the token's TTL echoed in a header.
+IMDS_PAGE = ('<?xml version="1.0" encoding="iso-8859-1"?>\n<!DOCTYPE html PUBLIC "-//W3C//DTD XHTML 1.0 '
+             'Transitional//EN"\n\t"http://www.w3.org/TR/xhtml1/DTD/xhtml1-transitional.dtd">\n'
+             '<html xmlns="http://www.w3.org/1999/xhtml" xml:lang="en" lang="en">\n <head>\n  <title>{0}</title>\n'
+             ' </head>\n <body>\n  <h1>{0}</h1>\n </body>\n</html>')
+INSTANCE_ID = "i-1234567890abcdef0"
+
+
 class Imds:
     """What the EC2 instance-metadata service knows; tests flip its flags."""
 
@@ -40,12 +52,19 @@ class Imds:
         self.lock = threading.Lock()
         self.token = "token-1"
         self.tokens_issued = 0
+        self.token_puts = 0
         self.token_ttls: list[str] = []
         self.gets = 0
         self.unauthorized = 0
         self.instance_action: dict | None = None  # None: 404
         self.instance_action_body: bytes | None = None  # overrides the JSON when set
+        self.instance_action_status = 200
         self.rebalance = False
+        # http-tokens optional: a GET without a token is answered (IMDSv1)
+        self.imdsv1_allowed = False
+        # hop limit 1 behind a container bridge: the token's reply never arrives
+        self.token_reply_dropped = False
+        self.released = threading.Event()  # set at teardown, so a held PUT ends
 
     def rotate_token(self):
         with self.lock:
@@ -53,58 +72,139 @@ class Imds:
 
 
 class ImdsHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
     def log_message(self, *args):  # keep pytest output clean
         pass
 
-    def _answer(self, status: int, body: bytes = b""):
+    def _answer(self, status: int, body: bytes = b"", **headers):
         self.send_response(status)
+        self.send_header("Content-Type", "text/plain; charset=utf-8" if status >= 400 else "text/plain")
+        self.send_header("Server", "EC2ws")
+        for name, value in headers.items():
+            self.send_header(name.replace("_", "-"), value)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
+    def _page(self, status: int, title: str):
+        self._answer(status, IMDS_PAGE.format(f"{status} - {title}").encode())
+
     def do_PUT(self):
         imds: Imds = self.server.imds
-        if self.path != "/latest/api/token" or "X-aws-ec2-metadata-token-ttl-seconds" not in self.headers:
-            return self._answer(400)
+        with imds.lock:
+            imds.token_puts += 1
+        if imds.token_reply_dropped:
+            # The reply is sent with IP TTL 1 and dies at the bridge: to this process, silence.
+            imds.released.wait(10)
+            self.close_connection = True
+            return
+        ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
+        if self.path != "/latest/api/token" or ttl is None:
+            return self._page(400, "Bad Request")
         with imds.lock:
             imds.tokens_issued += 1
-            imds.token_ttls.append(self.headers["X-aws-ec2-metadata-token-ttl-seconds"])
+            imds.token_ttls.append(ttl)
             token = imds.token
-        self._answer(200, token.encode())
+        self._answer(200, token.encode(), X_Aws_Ec2_Metadata_Token_Ttl_Seconds=ttl)
 
     def do_GET(self):
         imds: Imds = self.server.imds
         with imds.lock:
             imds.gets += 1
-            if self.headers.get("X-aws-ec2-metadata-token") != imds.token:
+            sent = self.headers.get("X-aws-ec2-metadata-token")
+            if sent != imds.token and not (sent is None and imds.imdsv1_allowed):
                 imds.unauthorized += 1
-                return self._answer(401)
+                return self._page(401, "Unauthorized")
+            if self.path == "/latest/meta-data/instance-id":
+                return self._answer(200, INSTANCE_ID.encode())
             if self.path == "/latest/meta-data/spot/instance-action":
                 if imds.instance_action_body is not None:
-                    return self._answer(200, imds.instance_action_body)
-                if imds.instance_action is None:
-                    return self._answer(404)
-                return self._answer(200, json.dumps(imds.instance_action).encode())
-            if self.path == "/latest/meta-data/events/recommendations/rebalance":
-                if not imds.rebalance:
-                    return self._answer(404)
+                    return self._answer(imds.instance_action_status, imds.instance_action_body)
+                if imds.instance_action is not None:
+                    return self._answer(200, json.dumps(imds.instance_action).encode())
+            if self.path == "/latest/meta-data/events/recommendations/rebalance" and imds.rebalance:
                 return self._answer(200, json.dumps({"noticeTime": TERMINATE_ISO}).encode())
-        self._answer(404)
+        self._page(404, "Not Found")
+
+
+# The GCE metadata server's answers as captured on VMs: Metadata-Flavor: Google on every
+# answer (a refusal too), application/text values, an ETag per value, and wait_for_change
+# held until the value's ETag differs from last_etag or timeout_sec passes.
+GCE_404 = (b'<!DOCTYPE html>\n<html lang=en>\n  <meta charset=utf-8>\n  <title>Error 404 (Not Found)!!1</title>\n'
+           b'  <p><b>404.</b> <ins>That\xe2\x80\x99s an error.</ins>\n  <p>The requested URL was not found on this '
+           b'server.  <ins>That\xe2\x80\x99s all we know.</ins>\n')
+
+
+class Gce:
+    """What the GCE metadata server knows; tests change values with set()."""
+
+    def __init__(self):
+        self.changed = threading.Condition()
+        self.values = {"instance/preempted": "FALSE", "instance/maintenance-event": "NONE",
+                       "instance/id": "4520031799277581759"}
+        self.requests: list[str] = []
+        self.status_override: int | None = None
+        self.holds_requests = True  # False: a server that ignores wait_for_change
+
+    def set(self, key: str, value: str):
+        with self.changed:
+            self.values[key] = value
+            self.changed.notify_all()
+
+    @staticmethod
+    def etag(value: str) -> str:
+        return hashlib.sha256(value.encode()).hexdigest()[:16]
 
 
 class GceHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _answer(self, status: int, body: bytes, content_type: str = "application/text", etag: str | None = None):
+        self.send_response(status)
+        self.send_header("Metadata-Flavor", "Google")
+        self.send_header("Content-Type", content_type)
+        self.send_header("Server", "Metadata Server for VM")
+        if etag is not None:
+            self.send_header("ETag", etag)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        gce: Gce = self.server.gce
+        url = urllib.parse.urlsplit(self.path)
+        query = dict(urllib.parse.parse_qsl(url.query))
+        gce.requests.append(self.path)
+        if self.headers.get("Metadata-Flavor") != "Google":
+            return self._answer(403, b"Missing Metadata-Flavor:Google header.\n", "text/html; charset=UTF-8")
+        if gce.status_override is not None:
+            return self._answer(gce.status_override, b"", "text/html; charset=UTF-8")
+        key = url.path.removeprefix("/computeMetadata/v1/")
+        with gce.changed:
+            if key not in gce.values:
+                return self._answer(404, GCE_404, "text/html; charset=UTF-8")
+            if query.get("wait_for_change") == "true" and gce.holds_requests:
+                last = query.get("last_etag") or Gce.etag(gce.values[key])
+                gce.changed.wait_for(lambda: Gce.etag(gce.values[key]) != last, float(query.get("timeout_sec", 60)))
+            value = gce.values[key]
+        self._answer(200, value.encode(), etag=Gce.etag(value))
+
+
+class NotGoogleHandler(BaseHTTPRequestHandler):
+    """Something else on the metadata address (a proxy's page): it answers everything, without
+    the Metadata-Flavor header."""
+
     def log_message(self, *args):
         pass
 
     def do_GET(self):
-        if self.headers.get("Metadata-Flavor") != "Google":
-            status, body = 403, b"Missing Metadata-Flavor:Google header."
-        elif self.path == "/computeMetadata/v1/instance/preempted":
-            status, body = 200, (b"TRUE" if self.server.preempted else b"FALSE")
-        else:
-            status, body = 404, b""
-        self.send_response(status)
-        self.send_header("Metadata-Flavor", "Google")
+        body = self.server.body
+        self.send_response(self.server.status)
+        self.send_header("Content-Type", "text/html")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -124,15 +224,19 @@ def imds():
     server, url = _serve(ImdsHandler, imds=Imds())
     server.imds.url = url
     yield server.imds
+    server.imds.released.set()
     server.shutdown()
     server.server_close()
 
 
 @pytest.fixture
 def gce():
-    server, url = _serve(GceHandler, preempted=False)
-    server.url = url
-    yield server
+    server, url = _serve(GceHandler, gce=Gce())
+    server.gce.url = url
+    yield server.gce
+    with server.gce.changed:  # end held long polls
+        server.gce.values["instance/preempted"] += " "
+        server.gce.changed.notify_all()
     server.shutdown()
     server.server_close()
 
@@ -200,7 +304,8 @@ def test_imds_token_is_refreshed_before_it_expires(imds, monkeypatch):
     source = Imdsv2NoticeSource(imds.url)
     source.check()
     source.check()
-    assert imds.tokens_issued == 4  # each check makes two GETs, and each asked for a fresh token
+    # prepare()'s token, then one per GET (each check makes two), each asked for afresh
+    assert imds.tokens_issued == 1 + 4
     assert imds.unauthorized == 0
 
 
@@ -217,10 +322,14 @@ def test_imds_instance_action_wins_over_rebalance(imds):
     assert (notice.action, notice.terminate_at) == ("stop", TERMINATE_UNIX)
 
 
-def test_imds_instance_action_without_a_readable_time_is_still_a_notice(imds):
+def test_imds_instance_action_without_a_readable_time_is_still_a_notice(imds, caplog):
+    caplog.set_level(logging.INFO, logger="transientvod.spot.notices")
     imds.instance_action = {"action": "terminate", "time": "soon"}
     notice = Imdsv2NoticeSource(imds.url).check()
     assert (notice.action, notice.terminate_at) == ("terminate", None)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "'soon', which is not an ISO 8601 time" in warnings[0]
+    assert warnings[0].count(". ") == 0
 
 
 @pytest.mark.parametrize("body", [b"<html>not json</html>", b'{"time": "2017-09-18T08:22:00Z"}',
@@ -236,23 +345,211 @@ def test_imds_unreachable(closed_port_url):
         Imdsv2NoticeSource(closed_port_url, timeout=0.5).check()
 
 
+# --- AWS: hibernation, the hop limit, bad answers ----------------------------------------
+
+
+def test_imds_hibernate_gives_no_time_to_spend(imds):
+    # The instance-action's time is two minutes on, but hibernation begins with the notice.
+    soon = datetime.fromtimestamp(time.time() + 120, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    imds.instance_action = {"action": "hibernate", "time": soon}
+    notice = Imdsv2NoticeSource(imds.url).check()
+    assert (notice.action, notice.terminate_at) == ("hibernate", notice.seen_at)
+    imds.instance_action = {"action": "stop", "time": soon}
+    assert Imdsv2NoticeSource(imds.url).check().terminate_at > time.time() + 100
+
+
+def test_imds_token_reply_lost_to_the_hop_limit_falls_back_to_imdsv1(imds, caplog):
+    caplog.set_level(logging.INFO, logger="transientvod.spot.notices")
+    imds.token_reply_dropped = True
+    imds.imdsv1_allowed = True
+    source = Imdsv2NoticeSource(imds.url, timeout=0.3)
+    assert source.check() is None
+    assert source.protocol == "v1"
+    imds.instance_action = {"action": "terminate", "time": TERMINATE_ISO}
+    assert source.check().terminate_at == TERMINATE_UNIX
+    assert imds.token_puts == 1, "each poll waited for a token that cannot arrive"
+    assert imds.unauthorized == 0
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert len(infos) == 1 and "reading notices with IMDSv1 instead" in infos[0]
+
+
+def test_imds_that_requires_tokens_again_is_read_with_one(imds):
+    imds.token_reply_dropped = True
+    imds.imdsv1_allowed = True
+    source = Imdsv2NoticeSource(imds.url, timeout=0.3)
+    assert source.check() is None and source.protocol == "v1"
+    # The container moved (or the hop limit was raised) and IMDSv1 was switched off.
+    imds.token_reply_dropped, imds.imdsv1_allowed = False, False
+    imds.instance_action = {"action": "stop", "time": TERMINATE_ISO}
+    assert source.check().action == "stop"
+    assert source.protocol == "v2"
+
+
+def test_imds_neither_token_nor_imdsv1_is_said_at_start_up(imds, caplog):
+    caplog.set_level(logging.INFO, logger="transientvod.spot.notices")
+    imds.token_reply_dropped = True
+    source = Imdsv2NoticeSource(imds.url, timeout=0.3)
+    watcher = NoticeWatcher(source, poll_seconds=30)
+    watcher.start()
+    try:
+        # Said by the time start() returns; the thread's first poll cannot have failed yet
+        # (its token PUT waits out the same 0.3 s).
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1, warnings
+        assert "--http-put-response-hop-limit 2" in warnings[0]
+        assert "refuses IMDSv1 (HTTP 401)" in warnings[0]
+        sentence = warnings[0].split(": ", 1)[1]
+        assert sentence.count(". ") == 0 and sentence.endswith(".")
+    finally:
+        watcher.stop()
+    assert not watcher.event.is_set()
+
+
+@pytest.mark.parametrize("status", [500, 503])
+def test_imds_server_error_is_one_sentence(imds, status):
+    imds.instance_action_status = status
+    imds.instance_action_body = b"<html><body>Internal Server Error</body></html>"
+    with pytest.raises(NoticeSourceError) as raised:
+        Imdsv2NoticeSource(imds.url).check()
+    assert f"answered HTTP {status}, neither a notice (200) nor none (404)." in str(raised.value)
+
+
 # --- GCE --------------------------------------------------------------------------------
 
 
 def test_gce_not_preempted_then_preempted(gce):
-    source = GceNoticeSource(gce.url)
+    source = GceNoticeSource(gce.url, long_poll_seconds=1)
     assert source.check() is None
-    gce.preempted = True
+    gce.set("instance/preempted", "TRUE")
     notice = source.check()
     assert (notice.source, notice.action) == ("gce", "preempted")
     assert notice.terminate_at == pytest.approx(notice.seen_at + 30)
 
 
+def test_gce_long_poll_hears_a_preemption_as_it_is_set(gce):
+    source = GceNoticeSource(gce.url, long_poll_seconds=5)
+    assert source.check() is None  # the value now, and its ETag
+    timer = threading.Timer(0.4, gce.set, ("instance/preempted", "TRUE"))
+    started = time.monotonic()
+    timer.start()
+    notice = source.check()
+    waited = time.monotonic() - started
+    assert notice is not None and notice.action == "preempted"
+    assert 0.3 < waited < 1.5, waited  # held by the server until the change, answered at it
+    held = [r for r in gce.requests if "wait_for_change=true" in r]
+    assert held and "timeout_sec=5" in held[0] and f"last_etag={Gce.etag('FALSE')}" in held[0]
+
+
+def test_gce_long_poll_without_a_change_returns_nothing_after_its_timeout(gce):
+    source = GceNoticeSource(gce.url, long_poll_seconds=1)
+    source.check()
+    started = time.monotonic()
+    assert source.check() is None
+    assert 0.8 < time.monotonic() - started < 2.0
+
+
+def test_gce_change_between_two_polls_is_not_missed(gce):
+    source = GceNoticeSource(gce.url, long_poll_seconds=5)
+    assert source.check() is None
+    gce.set("instance/preempted", "TRUE")  # while no request is held
+    started = time.monotonic()
+    assert source.check().action == "preempted"
+    assert time.monotonic() - started < 1.0  # the old ETag made the server answer at once
+
+
+def test_gce_watcher_does_not_sleep_between_long_polls(gce):
+    watcher = NoticeWatcher(GceNoticeSource(gce.url, long_poll_seconds=5), poll_seconds=30).start()
+    try:
+        assert _wait_until(lambda: any("wait_for_change" in r for r in gce.requests), 2)
+        gce.set("instance/preempted", "TRUE")
+        assert watcher.event.wait(1.0), "the preemption was not heard within a second"
+        assert watcher.notice.action == "preempted"
+    finally:
+        watcher.stop()
+
+
+def test_gce_watcher_stop_does_not_wait_out_a_long_poll(gce):
+    watcher = NoticeWatcher(GceNoticeSource(gce.url, long_poll_seconds=10), poll_seconds=5).start()
+    assert _wait_until(lambda: any("wait_for_change" in r for r in gce.requests), 2)
+    started = time.monotonic()
+    watcher.stop()
+    assert time.monotonic() - started < 1.5
+
+
+def test_gce_server_that_does_not_hold_requests_is_polled_not_spun_on(gce):
+    gce.holds_requests = False
+    source = GceNoticeSource(gce.url, long_poll_seconds=5)
+    watcher = NoticeWatcher(source, poll_seconds=0.2).start()
+    try:
+        assert _wait_until(lambda: not source.waits, 2), "the watcher never noticed"
+        count = len(gce.requests)
+        time.sleep(0.5)
+        # polling every 0.2 s: a few requests (two each), not hundreds
+        assert len(gce.requests) - count <= 10, len(gce.requests) - count
+        gce.set("instance/preempted", "TRUE")
+        assert watcher.event.wait(1.0)
+    finally:
+        watcher.stop()
+
+
+def test_gce_terminate_on_host_maintenance_is_a_notice_and_migration_is_not(gce):
+    source = GceNoticeSource(gce.url, long_poll_seconds=1)
+    gce.set("instance/maintenance-event", "MIGRATE_ON_HOST_MAINTENANCE")
+    assert source.check() is None
+    gce.set("instance/maintenance-event", "TERMINATE_ON_HOST_MAINTENANCE")
+    notice = source.check()
+    assert (notice.source, notice.action) == ("gce", "maintenance")
+    assert notice.terminate_at == pytest.approx(notice.seen_at + 60)
+
+
+def test_gce_notice_length_from_instance_metadata(gce):
+    gce.set("instance/attributes/transientvod-notice-seconds", "45")
+    gce.set("instance/preempted", "TRUE")
+    notice = GceNoticeSource(gce.url).check()
+    assert notice.terminate_at == pytest.approx(notice.seen_at + 45)
+
+    gce.set("instance/attributes/transientvod-notice-seconds", "soon")
+    with pytest.raises(NoticeSourceError) as raised:
+        GceNoticeSource(gce.url).check()
+    assert "transientvod-notice-seconds is 'soon'" in str(raised.value)
+    assert str(raised.value).count(". ") == 0
+
+
+def test_gce_answer_without_metadata_flavor_is_not_a_notice():
+    # A server that says TRUE to everything, but is not Google's: no notice, one sentence.
+    server, url = _serve(NotGoogleHandler, status=200, body=b"TRUE")
+    try:
+        with pytest.raises(NoticeSourceError) as raised:
+            GceNoticeSource(url).check()
+        message = str(raised.value)
+        assert "without the header Metadata-Flavor: Google" in message
+        assert message.count(". ") == 0 and message.endswith(".")
+        server.body = b"<html><body>Welcome to the proxy</body></html>"
+        with pytest.raises(NoticeSourceError, match="Metadata-Flavor: Google"):
+            GceNoticeSource(url).check()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_gce_server_error_is_one_sentence(gce):
+    gce.status_override = 500
+    with pytest.raises(NoticeSourceError) as raised:
+        GceNoticeSource(gce.url).check()
+    assert "answered HTTP 500, a failure on its side" in str(raised.value)
+    assert str(raised.value).count(". ") == 0
+
+
 def test_gce_refusal_is_a_source_error(gce):
-    # Someone else's server on that address (here: a path the stand-in does not know).
+    # Someone else's path on that address: the server's own 404 page.
     source = GceNoticeSource(gce.url + "/elsewhere")
     with pytest.raises(NoticeSourceError, match="HTTP 404"):
         source.check()
+
+
+def test_gce_long_poll_must_be_whole_seconds():
+    with pytest.raises(ValueError, match="at least 1"):
+        GceNoticeSource("http://127.0.0.1:9", long_poll_seconds=0.5)
 
 
 # --- host-state file ---------------------------------------------------------------------
@@ -319,7 +616,10 @@ def test_watcher_sees_notice_and_stops_polling(imds, caplog):
         watcher.stop()
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
-    assert warnings[0].startswith("interruption notice from aws: terminate, server goes at 2017-09-18 08:22:00 UTC")
+    # 2017 is long past: the time is shown, and that it has passed
+    assert warnings[0].startswith("interruption notice from aws: terminate, server goes at 2017-09-18 08:22:00 UTC "
+                                  "(already ")
+    assert warnings[0].endswith(" s past)")
 
 
 def test_watcher_unreachable_endpoint_warns_once(closed_port_url, caplog):

@@ -5,20 +5,23 @@ key is configurable). Each poll lists them with DescribeInstances and says, per 
 
 - ``usable``: running, and no interruption notice is known for it;
 - ``noticed``: running, but EC2 has announced that it will take it (a spot interruption
-  warning, a rebalance recommendation, or a spot request status that marks it);
+  warning, a capacity-reservation interruption warning, a rebalance recommendation, or a
+  spot request status that marks it);
 - ``gone``: stopping, shutting down, stopped or terminated.
 
 Pending instances are left out: they are not part of the job until they run.
 
 Interruption notices reach the watcher the way AWS's own node termination handler receives
 them in queue mode: two EventBridge rules send EC2's events to an SQS queue, and each poll
-drains the queue. Create the queue, then the two rules with the queue as their target::
+drains the queue. Create the queue, then the rules with the queue as their target::
 
     aws sqs create-queue --queue-name transientvod-<job>-notices
     aws events put-rule --name transientvod-<job>-spot-interruption --event-pattern \\
       '{"source": ["aws.ec2"], "detail-type": ["EC2 Spot Instance Interruption Warning"]}'
     aws events put-rule --name transientvod-<job>-rebalance --event-pattern \\
       '{"source": ["aws.ec2"], "detail-type": ["EC2 Instance Rebalance Recommendation"]}'
+    aws events put-rule --name transientvod-<job>-capacity-reservation --event-pattern \\
+      '{"source": ["aws.ec2"], "detail-type": ["EC2 Capacity Reservation Instance Interruption Warning"]}'
     aws events put-targets --rule <each rule> --targets Id=1,Arn=<queue ARN>
 
 (the queue's access policy must let ``events.amazonaws.com`` call ``sqs:SendMessage``). Give
@@ -49,7 +52,12 @@ log = logging.getLogger(__name__)
 
 INTERRUPTION_WARNING = "EC2 Spot Instance Interruption Warning"
 REBALANCE_RECOMMENDATION = "EC2 Instance Rebalance Recommendation"
-# EC2 takes a spot instance two minutes after its interruption warning.
+# An instance in an interruptible capacity reservation (or a Capacity Block that ends): the
+# event carries the moment EC2 takes it, in detail["instance-termination-time"].
+CAPACITY_RESERVATION_WARNING = "EC2 Capacity Reservation Instance Interruption Warning"
+NOTICE_KINDS = (INTERRUPTION_WARNING, REBALANCE_RECOMMENDATION, CAPACITY_RESERVATION_WARNING)
+# EC2 takes a spot instance two minutes after its interruption warning, unless the action is
+# hibernate: then hibernation begins at once and there is no warning time to spend.
 INTERRUPTION_WARNING_SECONDS = 120.0
 
 # Spot request status codes that mean EC2 is taking (or has taken) the instance
@@ -101,7 +109,7 @@ class InterruptionNotice:
 def notice_from_event(body: str, now: float) -> InterruptionNotice | None:
     """The notice in one SQS message body: an EventBridge event as EventBridge delivers it
     (or wrapped in an SNS notification). None for an event of another kind; ValueError saying
-    why for a body that is not an event at all."""
+    why for a body that is not an event at all, or a notice event that names no instance."""
     try:
         event = json.loads(body)
         # A queue subscribed to an SNS topic gets the event as the envelope's "Message".
@@ -112,14 +120,27 @@ def notice_from_event(body: str, now: float) -> InterruptionNotice | None:
     if not isinstance(event, dict):
         raise ValueError("the message body is not a JSON object")
     kind = event.get("detail-type")
-    if event.get("source") != "aws.ec2" or kind not in (INTERRUPTION_WARNING, REBALANCE_RECOMMENDATION):
+    if event.get("source") != "aws.ec2" or kind not in NOTICE_KINDS:
         return None
     detail = event.get("detail")
     instance_id = detail.get("instance-id") if isinstance(detail, dict) else None
     if not isinstance(instance_id, str) or not instance_id.startswith("i-"):
         raise ValueError(f"the {kind!r} event names no instance-id")
-    notice_at = _event_time(event.get("time"), now)
-    terminate_at = notice_at + INTERRUPTION_WARNING_SECONDS if kind == INTERRUPTION_WARNING else None
+    notice_at = _event_time(event.get("time"), now, f"the {kind!r} event for {instance_id}", "its time")
+    if kind == REBALANCE_RECOMMENDATION:
+        return InterruptionNotice(instance_id, kind, notice_at, None)
+    if kind == CAPACITY_RESERVATION_WARNING:
+        # The event says when; a missing or unreadable time still means the instance is going,
+        # and the soonest it can go is now.
+        terminate_at = _event_time(detail.get("instance-termination-time"), notice_at,
+                                   f"the {kind!r} event for {instance_id}", "its instance-termination-time")
+    elif detail.get("instance-action") == "hibernate":
+        terminate_at = notice_at  # hibernation starts with the warning
+    else:
+        terminate_at = notice_at + INTERRUPTION_WARNING_SECONDS
+    if terminate_at < now:
+        log.warning("the %r event for %s says EC2 takes it at %s, %.0f s ago; the host counts as noticed now.",
+                    kind, instance_id, _utc(terminate_at), now - terminate_at)
     return InterruptionNotice(instance_id, kind, notice_at, terminate_at)
 
 
@@ -132,23 +153,33 @@ def notices_from_spot_requests(requests: list[dict], now: float) -> list[Interru
         instance_id = request.get("InstanceId")
         if code not in SPOT_CODES_MARKED_FOR_TERMINATION or not instance_id:
             continue
-        # marked-for-*: the two-minute warning has begun; instance-terminated-*: it is over.
-        terminate_at = now if code.startswith("instance-terminated-") else now + INTERRUPTION_WARNING_SECONDS
+        # marked-for-termination/stop: the two-minute warning has begun; marked-for-hibernation:
+        # hibernation begins at once; instance-terminated-*: it is over.
+        going_now = code.startswith("instance-terminated-") or code == "marked-for-hibernation"
+        terminate_at = now if going_now else now + INTERRUPTION_WARNING_SECONDS
         notices.append(InterruptionNotice(instance_id, f"spot request status {code}", now, terminate_at))
     return notices
 
 
-def _event_time(text, now: float) -> float:
+def _event_time(text, fallback: float, what: str, field: str) -> float:
+    """An EventBridge time as unix time; `fallback` (with a one-sentence warning) when it is
+    missing or unreadable, since the event still says the instance is going."""
     if not isinstance(text, str):
-        return now
+        log.warning("%s has no %s; using %s.", what, field, _utc(fallback))
+        return fallback
     try:
         # EventBridge writes "2026-11-30T03:37:05Z"; Python 3.10 does not read the "Z".
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        return now
+        log.warning("%s has %s %r, which is not an ISO 8601 time; using %s.", what, field, text[:40], _utc(fallback))
+        return fallback
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return moment.timestamp()
+
+
+def _utc(unix: float) -> str:
+    return datetime.fromtimestamp(unix, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def aws_error(error: Exception, call: str, region: str | None, whose: str) -> ProviderError:

@@ -2,8 +2,11 @@
 
 Each training worker starts a `NoticeWatcher` on a daemon thread. The thread asks a
 `NoticeSource` (the EC2 instance-metadata service, the GCE metadata server, or the
-host-state file the trace replayer writes) every `poll_seconds`; the training loop only reads
-`watcher.event.is_set()` and `watcher.notice` once a step, so it never waits on the network.
+host-state file the trace replayer writes) every `poll_seconds`, or, for GCE, holds a long
+poll that the metadata server answers the moment the VM is preempted. The training loop only
+reads `watcher.event.is_set()` and `watcher.notice` once a step, so it never waits on the
+network. `start()` first checks that the source can be read at all, so a worker that will
+hear nothing says why before it trains.
 When a notice arrives the loop commits, writes a durable checkpoint, and the host drops out
 of discovery before the cloud takes it: no steps are lost.
 
@@ -53,7 +56,15 @@ IMDS_TOKEN_TTL_SECONDS = 21600
 # token that dies in flight.
 IMDS_TOKEN_REFRESH_MARGIN_SECONDS = 60.0
 # GCE does not say when a preempted server goes; it documents 30 seconds from the notice.
+# An instance metadata attribute of this name overrides it (the user knows their VMs' notice).
 GCE_PREEMPTION_NOTICE_SECONDS = 30.0
+GCE_NOTICE_SECONDS_ATTRIBUTE = "transientvod-notice-seconds"
+# maintenance-event changes 60 seconds before host maintenance; a GPU VM cannot live-migrate,
+# so TERMINATE_ON_HOST_MAINTENANCE means it stops then.
+GCE_MAINTENANCE_NOTICE_SECONDS = 60.0
+# The metadata server holds a wait_for_change request until the value changes or this many
+# seconds pass: a preemption is heard the moment it is set, not at the next poll.
+GCE_LONG_POLL_SECONDS = _seconds_from_env("TRANSIENTVOD_GCE_LONG_POLL_SECONDS", "20")
 
 # Every action an AWS instance-action can carry; anything else is not an instance-action.
 AWS_ACTIONS = ("terminate", "stop", "hibernate")
@@ -62,7 +73,7 @@ AWS_ACTIONS = ("terminate", "stop", "hibernate")
 @dataclass(frozen=True)
 class Notice:
     source: str  # "aws" | "gce" | "hoststate"
-    action: str  # "terminate" | "stop" | "hibernate" | "rebalance" | "preempted" | "revoked"
+    action: str  # "terminate" | "stop" | "hibernate" | "rebalance" | "preempted" | "maintenance" | "revoked"
     seen_at: float  # unix time this worker saw it
     terminate_at: float | None  # unix time the cloud will take the server, if it said
 
@@ -77,6 +88,14 @@ class NoticeSource(abc.ABC):
     """One place a worker can hear that its own server is about to go."""
 
     name: str = "source"
+    # True when check() itself waits for a change (a long poll): the watcher then asks again
+    # at once instead of sleeping between polls.
+    waits: bool = False
+
+    def prepare(self) -> None:
+        """Find out at start-up how this endpoint is to be read, so that a worker that can
+        never hear a notice says so before it trains, not at its first poll. Raises
+        NoticeSourceError naming what to fix; check() prepares again while it has not worked."""
 
     @abc.abstractmethod
     def check(self) -> Notice | None:
@@ -89,25 +108,33 @@ class NoticeSource(abc.ABC):
 _direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def _fetch(method: str, url: str, headers: dict[str, str], timeout: float, endpoint: str) -> tuple[int, bytes]:
-    """One request; every HTTP answer comes back as (status, body), since 404 and 401 are
-    answers here, not failures. No answer at all becomes a NoticeSourceError."""
+class NoAnswerError(NoticeSourceError):
+    """The endpoint took the request and never answered: on EC2 inside a container, the sign
+    of an IMDSv2 token reply dropped by the hop limit."""
+
+
+def _fetch(method: str, url: str, headers: dict[str, str], timeout: float,
+           endpoint: str) -> tuple[int, bytes, http.client.HTTPMessage]:
+    """One request; every HTTP answer comes back as (status, body, headers), since 404 and 401
+    are answers here, not failures. No answer at all becomes a NoticeSourceError."""
     request = urllib.request.Request(url, method=method, headers=headers)
     try:
         with _direct.open(request, timeout=timeout) as response:
-            return response.status, response.read()
+            return response.status, response.read(), response.headers
     except urllib.error.HTTPError as e:
         try:
-            return e.code, e.read()
+            return e.code, e.read(), e.headers
         except (OSError, http.client.HTTPException):
-            return e.code, b""  # the status is the answer; a body cut short changes nothing
+            return e.code, b"", e.headers  # the status is the answer; a body cut short changes nothing
         finally:
             e.close()
     except urllib.error.URLError as e:
+        if isinstance(e.reason, (TimeoutError, socket.timeout)):
+            raise NoAnswerError(f"{endpoint} at {url} did not answer within {timeout:g} s.") from None
         reason = e.reason.strerror if isinstance(e.reason, OSError) and e.reason.strerror else e.reason
         raise NoticeSourceError(f"{endpoint} at {url} cannot be reached ({reason}).") from None
     except (TimeoutError, socket.timeout):
-        raise NoticeSourceError(f"{endpoint} at {url} did not answer within {timeout:g} s.") from None
+        raise NoAnswerError(f"{endpoint} at {url} did not answer within {timeout:g} s.") from None
     except (OSError, http.client.HTTPException) as e:
         raise NoticeSourceError(f"{endpoint} at {url} broke off its answer ({e or type(e).__name__}).") from None
 
@@ -127,10 +154,14 @@ def _unix_time(iso: object) -> float | None:
     return moment.timestamp()
 
 
+HOP_LIMIT_FIX = "aws ec2 modify-instance-metadata-options --instance-id <id> --http-put-response-hop-limit 2"
+
+
 class Imdsv2NoticeSource(NoticeSource):
-    """AWS EC2 spot: the instance-action (terminate/stop/hibernate, two minutes ahead) and
-    the rebalance recommendation (an elevated risk of interruption, no time given), read
-    from the instance-metadata service with an IMDSv2 session token."""
+    """AWS EC2 spot: the instance-action (terminate/stop two minutes ahead, hibernate at
+    once) and the rebalance recommendation (an elevated risk of interruption, no time given),
+    read from the instance-metadata service with an IMDSv2 session token, or without one
+    (IMDSv1) when the token's reply cannot reach this process and the instance allows it."""
 
     name = "aws"
     ENDPOINT = "the EC2 instance-metadata service"
@@ -140,8 +171,38 @@ class Imdsv2NoticeSource(NoticeSource):
         self.timeout = timeout
         self._token: str | None = None
         self._token_expires_at = 0.0
+        self.protocol: str | None = None  # "v2" | "v1", once prepare() found out
+
+    def prepare(self) -> None:
+        """IMDSv2 if a token comes back. The metadata service sends the token's reply with the
+        instance's hop limit as its IP TTL: with the default of 1, a container behind a bridge
+        never receives it and the PUT times out. Then, as AWS's node termination handler
+        does, read without a token (IMDSv1) if the instance still allows that."""
+        self._token = None
+        try:
+            self._session_token()
+            self.protocol = "v2"
+            return
+        except NoticeSourceError as e:
+            token_failure = e
+        status, _ = self._plain_get("/latest/meta-data/instance-id")  # unreachable: that sentence
+        if status == 200:
+            self.protocol = "v1"
+            log.info("%s gave no IMDSv2 token (%s); reading notices with IMDSv1 instead.", self.ENDPOINT,
+                     str(token_failure).rstrip("."))
+            return
+        if isinstance(token_failure, NoAnswerError):
+            raise NoticeSourceError(
+                f"{self.ENDPOINT} at {self.base_url} sent no IMDSv2 token within {self.timeout:g} s (the hop limit "
+                f"drops it inside a container) and refuses IMDSv1 (HTTP {status}), so this worker will hear no "
+                f"notice; run `{HOP_LIMIT_FIX}`.")
+        raise NoticeSourceError(
+            f"{self.ENDPOINT} at {self.base_url} gave no IMDSv2 token and refuses IMDSv1 (HTTP {status}), so this "
+            "worker will hear no notice; enable the instance's metadata service with IMDSv2.")
 
     def check(self) -> Notice | None:
+        if self.protocol is None:
+            self.prepare()
         # A termination says when the server goes; a rebalance only warns. Ask for the one
         # that says more first.
         status, body = self._get("/latest/meta-data/spot/instance-action")
@@ -166,31 +227,51 @@ class Imdsv2NoticeSource(NoticeSource):
         if action not in AWS_ACTIONS:
             raise NoticeSourceError(f"{self.ENDPOINT} at {self.base_url} answered the spot instance-action "
                                     f"with action {action!r}, not one of {', '.join(AWS_ACTIONS)}.")
-        return Notice(source=self.name, action=action, seen_at=time.time(), terminate_at=_unix_time(answer.get("time")))
+        seen_at = time.time()
+        terminate_at = _unix_time(answer.get("time"))
+        if terminate_at is None:
+            log.warning("%s gave the %s notice the time %r, which is not an ISO 8601 time; the server may go "
+                        "at any moment.", self.ENDPOINT, action, str(answer.get("time"))[:40])
+        if action == "hibernate":
+            # Hibernation starts with the notice: there are no two minutes to spend.
+            terminate_at = seen_at if terminate_at is None else min(terminate_at, seen_at)
+        return Notice(source=self.name, action=action, seen_at=seen_at, terminate_at=terminate_at)
 
     def _get(self, path: str) -> tuple[int, bytes]:
-        """GET with a session token; a 401 means the token expired or the service restarted,
-        so ask for a new one and try once more."""
-        status, body = _fetch("GET", self.base_url + path, {"X-aws-ec2-metadata-token": self._session_token()},
-                              self.timeout, self.ENDPOINT)
+        """GET as prepare() decided. With a token, a 401 means it expired or the service
+        restarted: ask for a new one and try once more. Without one, a 401 means the instance
+        now requires IMDSv2: find out again how to read it."""
+        if self.protocol == "v1":
+            status, body = self._plain_get(path)
+            if status != 401:
+                return status, body
+            self.prepare()
+            if self.protocol == "v1":
+                return self._plain_get(path)
+        status, body, _ = _fetch("GET", self.base_url + path, {"X-aws-ec2-metadata-token": self._session_token()},
+                                 self.timeout, self.ENDPOINT)
         if status == 401:
             self._token = None
-            status, body = _fetch("GET", self.base_url + path, {"X-aws-ec2-metadata-token": self._session_token()},
-                                  self.timeout, self.ENDPOINT)
+            status, body, _ = _fetch("GET", self.base_url + path,
+                                     {"X-aws-ec2-metadata-token": self._session_token()}, self.timeout, self.ENDPOINT)
             if status == 401:
                 raise NoticeSourceError(f"{self.ENDPOINT} at {self.base_url} refused a token it had just issued; "
                                         "check that nothing else answers on that address.")
+        return status, body
+
+    def _plain_get(self, path: str) -> tuple[int, bytes]:
+        status, body, _ = _fetch("GET", self.base_url + path, {}, self.timeout, self.ENDPOINT)
         return status, body
 
     def _session_token(self) -> str:
         if self._token is not None and time.monotonic() < self._token_expires_at - IMDS_TOKEN_REFRESH_MARGIN_SECONDS:
             return self._token
         url = self.base_url + "/latest/api/token"
-        status, body = _fetch("PUT", url, {"X-aws-ec2-metadata-token-ttl-seconds": str(IMDS_TOKEN_TTL_SECONDS)},
-                              self.timeout, self.ENDPOINT)
+        status, body, _ = _fetch("PUT", url, {"X-aws-ec2-metadata-token-ttl-seconds": str(IMDS_TOKEN_TTL_SECONDS)},
+                                 self.timeout, self.ENDPOINT)
         if status != 200 or not body.strip():
             raise NoticeSourceError(f"{self.ENDPOINT} at {url} gave no session token (HTTP {status}); "
-                                    "enable IMDSv2 on the instance, with a hop limit of 2 inside containers.")
+                                    f"enable IMDSv2 on the instance, with `{HOP_LIMIT_FIX}` inside containers.")
         self._token = body.decode("ascii", "replace").strip()
         self._token_expires_at = time.monotonic() + IMDS_TOKEN_TTL_SECONDS
         return self._token
@@ -201,30 +282,120 @@ class Imdsv2NoticeSource(NoticeSource):
 
 
 class GceNoticeSource(NoticeSource):
-    """GCE preemptible and spot VMs: the metadata server's `instance/preempted` turns TRUE
-    when the VM is being preempted, about 30 seconds before it stops."""
+    """GCE preemptible and spot VMs: `instance/preempted` turns TRUE when the VM is being
+    preempted (30 seconds before it stops, or the instance attribute
+    `transientvod-notice-seconds`), and `instance/maintenance-event` turns
+    TERMINATE_ON_HOST_MAINTENANCE 60 seconds before host maintenance stops a VM that cannot
+    live-migrate (every VM with a GPU).
+
+    `preempted` is read with the metadata server's long poll (wait_for_change with the last
+    ETag), so a preemption is heard as it is set; maintenance-event, with its longer warning,
+    is read after each long poll returns. Only answers that carry the `Metadata-Flavor: Google`
+    header count: anything else on that address (a proxy's HTML page) is not a notice.
+    """
 
     name = "gce"
     ENDPOINT = "the GCE metadata server"
+    waits = True
 
-    def __init__(self, base_url: str = "http://metadata.google.internal", timeout: float = 1.0):
+    def __init__(self, base_url: str = "http://metadata.google.internal", timeout: float = 1.0,
+                 long_poll_seconds: float | None = None):
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.long_poll_seconds = GCE_LONG_POLL_SECONDS if long_poll_seconds is None else long_poll_seconds
+        if not self.long_poll_seconds >= 1:
+            raise ValueError(f"long_poll_seconds is {self.long_poll_seconds}; the metadata server "
+                             "counts whole seconds, so it must be at least 1.")
+        self.notice_seconds: float | None = None  # known once prepare() read it
+        self._preempted_etag: str | None = None
+        self._preempted_read = False  # the first read answers at once; the ones after wait
+
+    def prepare(self) -> None:
+        """Checks that this is the GCE metadata server, and reads the notice length."""
+        status, body, _ = self._get(f"instance/attributes/{GCE_NOTICE_SECONDS_ATTRIBUTE}")
+        if status == 404:
+            self.notice_seconds = GCE_PREEMPTION_NOTICE_SECONDS
+            return
+        if status != 200:
+            raise self._unexpected(status, f"instance/attributes/{GCE_NOTICE_SECONDS_ATTRIBUTE}")
+        text = body.decode("ascii", "replace").strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = float("nan")
+        if not 0 < seconds < 3600:
+            raise NoticeSourceError(f"the instance attribute {GCE_NOTICE_SECONDS_ATTRIBUTE} is {text[:40]!r}; "
+                                    "set it to the notice length in seconds (GCE gives 30), or remove it.")
+        self.notice_seconds = seconds
 
     def check(self) -> Notice | None:
-        url = self.base_url + "/computeMetadata/v1/instance/preempted"
-        status, body = _fetch("GET", url, {"Metadata-Flavor": "Google"}, self.timeout, self.ENDPOINT)
+        if self.notice_seconds is None:
+            self.prepare()
+        if not self._preempted_read:
+            path = "instance/preempted"  # the value now, and the ETag to wait on from then
+            timeout = self.timeout
+        else:
+            # With the last ETag the server answers at once if the value changed since: no
+            # change between two polls is missed.
+            path = f"instance/preempted?wait_for_change=true&timeout_sec={self.long_poll_seconds:.0f}"
+            if self._preempted_etag:
+                path += f"&last_etag={self._preempted_etag}"
+            timeout = self.long_poll_seconds + self.timeout
+        asked_at = time.monotonic()
+        status, body, headers = self._get(path, timeout)
         if status != 200:
-            raise NoticeSourceError(f"{self.ENDPOINT} at {url} answered HTTP {status}; "
-                                    "run on a GCE VM or choose another notice source.")
-        answer = body.decode("ascii", "replace").strip().upper()
-        if answer == "FALSE":
-            return None
+            raise self._unexpected(status, "instance/preempted")
+        etag = headers.get("ETag") or None
+        if self._preempted_read and etag == self._preempted_etag and time.monotonic() - asked_at < 0.5 \
+                and self.waits:
+            # Answered at once with nothing changed: this server does not hold requests, and
+            # asking again at once would spin. The watcher goes back to polling.
+            self.waits = False
+            log.info("%s at %s does not hold wait_for_change requests; polling it instead.",
+                     self.ENDPOINT, self.base_url)
+        self._preempted_read = True
+        self._preempted_etag = etag
+        answer = self._flag(body, "instance/preempted", ("TRUE", "FALSE"))
         if answer == "TRUE":
             seen_at = time.time()
             return Notice(source=self.name, action="preempted", seen_at=seen_at,
-                          terminate_at=seen_at + GCE_PREEMPTION_NOTICE_SECONDS)
-        raise NoticeSourceError(f"{self.ENDPOINT} at {url} answered {body[:80]!r}, not TRUE or FALSE.")
+                          terminate_at=seen_at + self.notice_seconds)
+        status, body, _ = self._get("instance/maintenance-event")
+        if status == 404:
+            return None  # older metadata servers have no maintenance-event
+        if status != 200:
+            raise self._unexpected(status, "instance/maintenance-event")
+        # NONE, MIGRATE_ON_HOST_MAINTENANCE or TERMINATE_ON_HOST_MAINTENANCE; newer servers may
+        # say more around the value, so look for the one that matters.
+        if b"TERMINATE_ON_HOST_MAINTENANCE" in body.upper():
+            seen_at = time.time()
+            return Notice(source=self.name, action="maintenance", seen_at=seen_at,
+                          terminate_at=seen_at + GCE_MAINTENANCE_NOTICE_SECONDS)
+        return None  # a live migration pauses the VM for a moment; the job stays
+
+    def _get(self, path: str, timeout: float | None = None) -> tuple[int, bytes, http.client.HTTPMessage]:
+        url = f"{self.base_url}/computeMetadata/v1/{path}"
+        status, body, headers = _fetch("GET", url, {"Metadata-Flavor": "Google"}, timeout or self.timeout,
+                                       self.ENDPOINT)
+        if headers is None or headers.get("Metadata-Flavor") != "Google":
+            raise NoticeSourceError(f"{self.base_url} answered HTTP {status} without the header "
+                                    "Metadata-Flavor: Google, so it is not the GCE metadata server; "
+                                    "run on a GCE VM or choose another notice source.")
+        return status, body, headers
+
+    def _flag(self, body: bytes, path: str, values: tuple[str, ...]) -> str:
+        answer = body.decode("ascii", "replace").strip().upper()
+        if answer not in values:
+            raise NoticeSourceError(f"{self.ENDPOINT} at {self.base_url} answered {path} with {body[:80]!r}, "
+                                    f"not one of {', '.join(values)}.")
+        return answer
+
+    def _unexpected(self, status: int, path: str) -> NoticeSourceError:
+        if status >= 500:
+            return NoticeSourceError(f"{self.ENDPOINT} at {self.base_url}/computeMetadata/v1/{path} answered "
+                                     f"HTTP {status}, a failure on its side; the watcher keeps asking.")
+        return NoticeSourceError(f"{self.ENDPOINT} at {self.base_url}/computeMetadata/v1/{path} answered "
+                                 f"HTTP {status}; run on a GCE VM or choose another notice source.")
 
 
 class HostStateNoticeSource(NoticeSource):
@@ -280,6 +451,9 @@ class NoticeWatcher:
         if self._thread is not None and self._thread.is_alive():
             return self
         self._stopping.clear()
+        # Here, not at the first poll: a worker that can never hear its notice says so (and
+        # what to change) before it trains. It keeps trying on the thread all the same.
+        self._prepare()
         # A daemon thread: a worker that exits must not wait for a poll to finish.
         self._thread = threading.Thread(target=self._run, name=f"notice-watcher-{self.source.name}", daemon=True)
         self._thread.start()
@@ -289,15 +463,26 @@ class NoticeWatcher:
         self._stopping.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            # A poll in flight ends within its own timeout; don't hold the caller longer
-            # than one poll interval for it.
-            thread.join(timeout=self.poll_seconds + 1.0)
+            # A poll in flight ends within its own timeout; don't hold the caller longer than
+            # one poll interval for it, nor more than a second for a long poll (which the
+            # server may hold for GCE_LONG_POLL_SECONDS): the thread is a daemon.
+            thread.join(timeout=1.0 if self.source.waits else self.poll_seconds + 1.0)
+
+    def _prepare(self) -> None:
+        try:
+            self.source.prepare()
+        except NoticeSourceError as e:
+            self._failed(str(e))
+        except Exception as e:  # a source's bug: the thread still polls
+            self._failed(f"{type(e).__name__}: {e}")
 
     def _run(self) -> None:
         try:
             while not self._stopping.is_set():
                 if self._poll_once():
                     return
+                if self.source.waits and not self._failing:
+                    continue  # the check itself waited for a change: ask again at once
                 self._stopping.wait(self.poll_seconds)
         except Exception:
             # Nothing above should raise; if it does, say so instead of dying silently, since
@@ -336,6 +521,9 @@ def _describe_time(terminate_at: float | None, seen_at: float) -> str:
     if terminate_at is None:
         return "unknown"
     moment = datetime.fromtimestamp(terminate_at, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    if terminate_at < seen_at - 1:
+        # An old notice still served, or a clock that is off: the time is no guide, so say so.
+        return f"{moment} (already {seen_at - terminate_at:.0f} s past)"
     return f"{moment} (in {terminate_at - seen_at:.0f} s)"
 
 
@@ -343,7 +531,7 @@ def notice_source(kind: str, **options) -> NoticeSource | None:
     """The notice source a config names: "none", "aws", "gce" or "hoststate".
 
     Options: `url` (aws, gce: the metadata endpoint, for tests and proxies), `timeout`
-    (aws, gce), `state_file` and `host_name` (hoststate).
+    (aws, gce), `long_poll_seconds` (gce), `state_file` and `host_name` (hoststate).
     """
     if kind == "none":
         return None
@@ -352,7 +540,7 @@ def notice_source(kind: str, **options) -> NoticeSource | None:
                                   timeout=options.get("timeout", 1.0))
     if kind == "gce":
         return GceNoticeSource(base_url=options.get("url") or "http://metadata.google.internal",
-                               timeout=options.get("timeout", 1.0))
+                               timeout=options.get("timeout", 1.0), long_poll_seconds=options.get("long_poll_seconds"))
     if kind == "hoststate":
         if not options.get("state_file"):
             raise ValueError("notice source hoststate needs state_file, the host-state file the watcher writes.")
