@@ -110,11 +110,13 @@ class GradientExchange:
     """Wraps an optimizer (plain torch, not hvd.DistributedOptimizer) with the exchange."""
 
     __slots__ = ("optimizer", "staleness", "codec_name", "block", "min_compress_elements", "compress_from_step",
-                 "buckets", "queue", "skipped_steps", "applied_steps", "wire", "_ring")
+                 "buckets", "queue", "skipped_steps", "applied_steps", "wire", "name", "_ring")
 
     def __init__(self, optimizer: torch.optim.Optimizer, parameters, staleness: int = 0, codec: str = "none",
                  block: int = 512, min_compress_elements: int = MIN_COMPRESS_ELEMENTS, compress_from_step: int = 0,
-                 bucket_elements: int = BUCKET_ELEMENTS):
+                 bucket_elements: int = BUCKET_ELEMENTS, name: str = "transientvod.grads"):
+        """`name` prefixes the exchange's Horovod op names: two exchanges alive in one process
+        at once (tests do that) need different names, since Horovod refuses a name in flight."""
         if isinstance(optimizer, _DistributedOptimizer):
             raise ValueError("wrap the plain torch optimizer: the exchange replaces hvd.DistributedOptimizer.")
         if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
@@ -133,6 +135,7 @@ class GradientExchange:
         self.skipped_steps = 0
         self.applied_steps = 0
         self.wire = Wire()
+        self.name = name
         self._ring: int | None = None
 
     @staticmethod
@@ -164,7 +167,7 @@ class GradientExchange:
         # slot also lets Horovod's response cache know the op. The ring's first step keeps a
         # new ring's names apart from any op a reset dropped, as elastic.CommitVote does, and
         # drain() leaves nothing behind for the next exchange in the same process.
-        prefix = f"transientvod.x{self._ring}.s{step % (self.staleness + 1)}"
+        prefix = f"{self.name}.r{self._ring}.s{step % (self.staleness + 1)}"
         transfers = []
         for bucket in self.buckets:
             codec = self._codec_for(bucket, step)

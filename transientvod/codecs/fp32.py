@@ -1,9 +1,9 @@
 """`none`: the bucket in fp32, summed by Horovod's allreduce, averaged as Horovod does.
 
-Horovod's own `op=Average` multiplies the sum by 1 / N in double precision and rounds once
-to fp32 (`ScaleBufferCPUImpl`); the decode does the same, so that staleness 0 gives the
-parameters of `hvd.DistributedOptimizer` bit for bit at any N (at N = 3 a float32 1/3
-would not). No flag travels: every rank decodes the same sum, so a NaN or Inf in any
+Horovod's own `op=Average` multiplies the fp32 sum by 1 / N rounded to fp32
+(`ScaleBuffer` casts its double factor for fp32 buffers); the decode does the same, so that
+staleness 0 gives the parameters of `hvd.DistributedOptimizer` bit for bit at any N (a
+product in double, rounded once, differs at N = 3). No flag travels: every rank decodes the same sum, so a NaN or Inf in any
 rank's gradient is non-finite in every rank's average.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ class Fp32Allreduce:
         del results  # in place: the sum is in `summed`
 
         def decode(out: torch.Tensor) -> bool:
-            out.copy_(summed.double().mul_(1.0 / world))
+            torch.mul(summed, 1.0 / world, out=out)  # the scalar is rounded to fp32 first
             return not bool(torch.isfinite(out).all())
         return decode
 
