@@ -197,11 +197,14 @@ def drain_count(codec: str, staleness: int = 2, steps: int = 8, reset_at: int = 
 
 
 def lost_peer_reset(codec: str) -> dict:
-    """reset() without a drain (a lost peer): every residual, owners' included, is zero after."""
-    param, exchange = one_param_exchange(SIZE, codec, staleness=1)
+    """reset() without a drain (a lost peer): every residual, owners' included, is zero after.
+    A real lost peer shuts Horovod down, which ends the dropped ops; here they complete unread,
+    so this exchange has names of its own."""
+    param, exchange = one_param_exchange(SIZE, codec, staleness=1, name=f"lost_peer.{codec}")
+    data = torch.Generator().manual_seed(200 + hvd.rank())  # ranks differ: the owner rounds
     for step in range(3):
         exchange.zero_grad()
-        param.grad.normal_()
+        param.grad.normal_(generator=data)
         exchange.step(step)
     codec_object = exchange.buckets[0].codecs[codec]
     before = [float(codec_object.residual.abs().sum()), float(codec_object.owner_residual.abs().sum())]
