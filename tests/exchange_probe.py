@@ -109,7 +109,7 @@ def owner_residual(steps: int = 200) -> list[dict]:
                 base[k * part:(k + 1) * part:BLOCK] = 1.0  # one large element per block
             else:
                 base[k * part:(k + 1) * part] += 1.0  # large + small in every element
-        param, exchange = one_param_exchange(4 * part, codec, staleness=1, block=BLOCK, name=codec)
+        param, exchange = one_param_exchange(4 * part, codec, staleness=4, block=BLOCK, name=codec)
         runs[codec] = (g, base, param, exchange)
     noise = torch.Generator().manual_seed(1000 + rank)
     for step in range(steps):
