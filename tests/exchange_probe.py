@@ -1,6 +1,10 @@
-"""Run by tests/test_exchange.py under `horovodrun -np N`: prints one JSON line per check.
+"""Run by tests/test_exchange.py under `horovodrun -np N`: prints one JSON line per check and rank.
 
-    horovodrun -np 2 -H localhost:2 --gloo python tests/exchange_probe.py
+    horovodrun -np 2 -H localhost:2 --gloo python tests/exchange_probe.py stale nan
+    horovodrun -np 4 -H localhost:4 --gloo python tests/exchange_probe.py owner_residual
+
+Every check builds its own exchange and drains it before the next one starts, so no op is
+left in flight under a name the next exchange uses.
 """
 from __future__ import annotations
 
@@ -14,20 +18,35 @@ import horovod.torch as hvd
 
 from transientvod.exchange import GradientExchange
 
+CODECS = ("none", "fp16", "bf16", "int8")
+COMPRESSED = ("fp16", "bf16", "int8")
 SIZE = 70_000  # above the 64K-element floor, so every codec really compresses
+BLOCK = 512
+# The smallest step each codec can express near 1.0: fp16 and bf16 ulps, an int8 block's scale.
+QUANTUM = {"fp16": 2.0 ** -10, "bf16": 2.0 ** -7, "int8": 1.0 / 127}
 
 
-def checksum(model: torch.nn.Module) -> str:
+def checksum(model) -> str:
     crc = 0
-    for t in model.state_dict().values():
+    tensors = model.state_dict().values() if isinstance(model, torch.nn.Module) else model
+    for t in tensors:
         crc = zlib.crc32(t.detach().contiguous().numpy().tobytes(), crc)
     return f"{crc:08x}"
 
 
-def train_tiny(use_exchange: bool) -> str:
-    """20 SGD steps of a small MLP with momentum and weight decay; per-rank data."""
+def one_param_exchange(size: int, codec: str, staleness: int = 0, **options):
+    param = torch.nn.Parameter(torch.zeros(size))
+    exchange = GradientExchange(torch.optim.SGD([param], lr=1.0), [param], staleness=staleness, codec=codec,
+                                min_compress_elements=0, **options)
+    return param, exchange
+
+
+def train_tiny(use_exchange: bool, one_tensor: bool = False) -> str:
+    """20 SGD steps of a small MLP (or of one weight matrix) with momentum and weight decay;
+    per-rank data."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    model = (torch.nn.Linear(16, 4, bias=False) if one_tensor else
+             torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)))
     sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
     if use_exchange:
         exchange = GradientExchange(sgd, model.parameters(), staleness=0, codec="none")
@@ -45,8 +64,7 @@ def train_tiny(use_exchange: bool) -> str:
 def average_error(codec: str) -> dict:
     """One exchange of known per-rank gradients: how far is the average from the float64 mean?"""
     grads = [torch.randn(SIZE, generator=torch.Generator().manual_seed(7 + r)) * (1 + r) for r in range(hvd.size())]
-    param = torch.nn.Parameter(torch.zeros(SIZE))
-    exchange = GradientExchange(torch.optim.SGD([param], lr=1.0), [param], staleness=0, codec=codec)
+    param, exchange = one_param_exchange(SIZE, codec)
     exchange.zero_grad()
     param.grad.copy_(grads[hvd.rank()])
     exchange.step(0)
@@ -55,38 +73,177 @@ def average_error(codec: str) -> dict:
     return {"codec": codec, "max_error": error, "max_abs_grad": max(g.abs().max().item() for g in grads)}
 
 
-def stale_sum(staleness: int, steps: int = 6) -> dict:
+def stale_sum(codec: str, staleness: int, size: int, steps: int = 6) -> dict:
     """Gradient t is t+1 everywhere; with lr 1 the parameter ends at -(sum of those applied)."""
-    param = torch.nn.Parameter(torch.zeros(4))
-    exchange = GradientExchange(torch.optim.SGD([param], lr=1.0), [param], staleness=staleness)
-    applied = []
+    param, exchange = one_param_exchange(size, codec, staleness)
+    applied, params = [], []
     for step in range(steps):
         exchange.zero_grad()
         param.grad.fill_(step + 1.0)
         applied.append(exchange.step(step))
-    # Leave nothing in flight: the next exchange in this process reuses the op names, and a
-    # name still being processed is an error (seen on a loaded CI machine).
-    for step_work in exchange.queue:
-        for work in step_work:
-            for handle in work.handles:
-                hvd.synchronize(handle)
-    return {"staleness": staleness, "param": param[0].item(), "applied": applied}
+        params.append(param[0].item())
+    drained = exchange.drain()
+    return {"codec": codec, "staleness": staleness, "size": size, "applied": applied, "params": params,
+            "drained": drained, "final": param.detach().tolist()[:4]}
+
+
+def owner_residual(steps: int = 200) -> list[dict]:
+    """A small steady gradient under large steady ones: how much of it arrives, per codec?
+
+    Part A: in each int8 block one element is 1.0 and the rest get the small g_r; part B:
+    every element is 1.0 + g_r. g_r differs by rank (its mean over ranks is g, an eighth of
+    the codec's quantum near 1.0), so the owner's average is rarely representable, and its
+    rounding never averages out; the same two parts again with noise (std of two quanta),
+    which does average it out. The three codecs' exchanges step together, so their ops share
+    Horovod's cycles (200 steps on 4 ranks stay within seconds on two cores)."""
+    world, rank = hvd.size(), hvd.rank()
+    part = 16 * BLOCK  # whole int8 blocks, at least one per owner
+    parts = {"steady_a": 0, "steady_b": 1, "noisy_a": 2, "noisy_b": 3}
+    runs = {}
+    for codec in COMPRESSED:
+        g = QUANTUM[codec] / 8
+        g_rank = g * (2 * rank + 1) / world  # the sum over ranks of (2r + 1) is world**2: mean g
+        base = torch.full((4 * part,), g_rank)
+        for name, k in parts.items():
+            if name.endswith("_a"):
+                base[k * part:(k + 1) * part:BLOCK] = 1.0  # one large element per block
+            else:
+                base[k * part:(k + 1) * part] += 1.0  # large + small in every element
+        param, exchange = one_param_exchange(4 * part, codec, staleness=4, block=BLOCK, name=codec)
+        runs[codec] = (g, base, param, exchange)
+    noise = torch.Generator().manual_seed(1000 + rank)
+    for step in range(steps):
+        for codec, (g, base, param, exchange) in runs.items():
+            exchange.zero_grad()
+            param.grad.copy_(base)
+            param.grad[2 * part:].add_(torch.randn(2 * part, generator=noise) * 2 * QUANTUM[codec])
+            exchange.step(step)
+    rows = []
+    small = torch.ones(part, dtype=torch.bool)
+    small[::BLOCK] = False
+    for codec, (g, base, param, exchange) in runs.items():
+        exchange.drain()
+        delivered = -param.detach().double()
+        row = {"codec": codec, "applied": exchange.applied_steps, "steps": steps}
+        for name, k in parts.items():
+            values = delivered[k * part:(k + 1) * part]
+            row[name] = (values[small].mean().item() if name.endswith("_a")
+                         else values.mean().item() - steps * 1.0) / (steps * g)
+        rows.append(row)
+    return rows
+
+
+def nan_skip(codec: str) -> dict:
+    """Only the last rank's gradient holds a NaN at step 3; every rank must skip step 3."""
+    param, exchange = one_param_exchange(SIZE, codec, staleness=1)
+    applied = []
+    for step in range(6):
+        exchange.zero_grad()
+        param.grad.fill_(1.0)
+        if step == 3 and hvd.rank() == hvd.size() - 1:
+            param.grad[SIZE // 2] = float("nan")
+        applied.append(exchange.step(step))
+    exchange.drain()
+    return {"codec": codec, "applied": applied, "skipped": exchange.skipped_steps,
+            "finite": bool(torch.isfinite(param).all()), "param": param[0].item(), "checksum": checksum([param])}
+
+
+def several_buckets(codec: str) -> dict:
+    """Three parameters in two buckets, the small first bucket under the compression floor."""
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in (3000, 100, 5000)]
+    exchange = GradientExchange(torch.optim.SGD(params, lr=1.0), params, staleness=1, codec=codec,
+                                min_compress_elements=4000, bucket_elements=4000)
+    for step in range(3):
+        exchange.zero_grad()
+        for i, p in enumerate(params):
+            p.grad.fill_((hvd.rank() + 1) * (i + 1))
+    # hold the gradients of step 0..2 fixed: per parameter i, the mean over ranks of (r+1)(i+1)
+        exchange.step(step)
+    exchange.drain()
+    mean_rank = (hvd.size() + 1) / 2
+    errors = [(-p.detach().double() / 3 - mean_rank * (i + 1)).abs().max().item() for i, p in enumerate(params)]
+    return {"codec": codec, "buckets": [sorted(b.codecs) for b in exchange.buckets], "errors": errors}
+
+
+def compress_switch() -> dict:
+    """int8 from step 3 on: the first three steps go as fp32, the rest as int8; bytes per step."""
+    param, exchange = one_param_exchange(SIZE, "int8", compress_from_step=3)
+    sent = []
+    for step in range(6):
+        exchange.zero_grad()
+        param.grad.fill_(1.0)
+        before = exchange.wire.sent_bytes
+        exchange.step(step)
+        sent.append(exchange.wire.sent_bytes - before)
+    return {"codecs": sorted(exchange.buckets[0].codecs), "sent": sent, "param": param[0].item()}
+
+
+def drain_count(codec: str, staleness: int = 2, steps: int = 8, reset_at: int = 5) -> dict:
+    """Step t's gradient is 1 in element t only, so -param[t] counts how often it was applied.
+    At step reset_at the loop does what train.py does at a graceful reset (drain, then the
+    reset callback), and at the end it drains."""
+    param, exchange = one_param_exchange(SIZE, codec, staleness)
+    drained = []
+    for step in range(steps):
+        if step == reset_at:
+            drained.append(exchange.drain())
+            exchange.reset()
+        exchange.zero_grad()
+        param.grad[step] = 1.0
+        exchange.step(step)
+    drained.append(exchange.drain())
+    counts = (-param.detach()[:steps + 2]).tolist()
+    return {"codec": codec, "counts": counts, "drained": drained, "applied": exchange.applied_steps}
+
+
+def lost_peer_reset(codec: str) -> dict:
+    """reset() without a drain (a lost peer): every residual, owners' included, is zero after.
+    A real lost peer shuts Horovod down, which ends the dropped ops; here they complete unread,
+    so this exchange has names of its own."""
+    param, exchange = one_param_exchange(SIZE, codec, staleness=1, name=f"lost_peer.{codec}")
+    data = torch.Generator().manual_seed(200 + hvd.rank())  # ranks differ: the owner rounds
+    for step in range(3):
+        exchange.zero_grad()
+        param.grad.normal_(generator=data)
+        exchange.step(step)
+    codec_object = exchange.buckets[0].codecs[codec]
+    before = [float(codec_object.residual.abs().sum()), float(codec_object.owner_residual.abs().sum())]
+    exchange.reset()
+    after = [float(codec_object.residual.abs().sum()), float(codec_object.owner_residual.abs().sum())]
+    return {"codec": codec, "in_flight_before": 1, "queue_after": len(exchange.queue),
+            "residuals_before": before, "residuals_after": after}
+
+
+def sent_bytes(codec: str) -> dict:
+    param, exchange = one_param_exchange(SIZE, codec, block=BLOCK)
+    exchange.zero_grad()
+    param.grad.normal_()
+    exchange.step(0)
+    return {"codec": codec, "elements": SIZE, "block": BLOCK, "sent": exchange.wire.sent_bytes}
+
+
+CHECKS = {
+    "bitident": lambda: [{"exchange": train_tiny(True), "distributed_optimizer": train_tiny(False)}],
+    "bitident_one_tensor": lambda: [{"exchange": train_tiny(True, one_tensor=True),
+                                     "distributed_optimizer": train_tiny(False, one_tensor=True)}],
+    "average": lambda: [average_error(c) for c in CODECS],
+    "stale": lambda: [stale_sum(c, s, size) for c in CODECS for s in (0, 1, 2) for size in (4, 2 * BLOCK)],
+    "owner_residual": owner_residual,
+    "nan": lambda: [nan_skip(c) for c in CODECS],
+    "buckets": lambda: [several_buckets(c) for c in CODECS],
+    "switch": lambda: [compress_switch()],
+    "drain": lambda: [drain_count(c) for c in CODECS],
+    "lost_peer": lambda: [lost_peer_reset(c) for c in COMPRESSED],
+    "bytes": lambda: [sent_bytes(c) for c in CODECS],
+}
 
 
 def main() -> int:
     hvd.init()
     torch.set_num_threads(1)
-    checks = sys.argv[1:] or ["bitident", "average", "stale"]
-    if "bitident" in checks:
-        print(json.dumps({"check": "bitident", "rank": hvd.rank(), "exchange": train_tiny(True),
-                          "distributed_optimizer": train_tiny(False)}), flush=True)
-    if "average" in checks:
-        for codec in ("none", "fp16", "bf16", "int8"):
-            print(json.dumps({"check": "average", "rank": hvd.rank(), "world": hvd.size(), **average_error(codec)}),
-                  flush=True)
-    if "stale" in checks:
-        for s in (0, 1, 2):
-            print(json.dumps({"check": "stale", "rank": hvd.rank(), **stale_sum(s)}), flush=True)
+    for check in sys.argv[1:] or list(CHECKS):
+        for row in CHECKS[check]():
+            print(json.dumps({"check": check, "rank": hvd.rank(), "world": hvd.size(), **row}), flush=True)
     return 0
 
 

@@ -5,37 +5,40 @@
         exchange.zero_grad()
         loss_fn(model(x), y).backward()
         exchange.step(step)          # starts step t's exchange, applies step t - s's average
+    exchange.drain()                 # applies the last s steps' averages
 
-At step t every rank compresses its gradient bucket and starts the collective with
-Horovod's async ops; training goes on, and the optimizer applies the averaged gradient of
-step t - s, waiting only if it has not arrived. Every rank joins every collective in the
-same order, so it stays a ring (no parameter server); staleness only lets a slow rank's
-exchange overlap the next s steps of compute. `staleness=0` is synchronous training and
-gives the same parameters, bit for bit, as `hvd.DistributedOptimizer` (tested on 2 ranks).
+At step t every rank encodes its gradient buckets and starts their exchange with Horovod's
+async ops (the codec's protocol: `transientvod.codecs`); training goes on, and the optimizer
+applies the averaged gradient of step t - s, waiting only for what step t - s started.
+Every `step` also moves each step in flight to its next phase if the one before it is done
+(polled, never waited for), so a multi-phase protocol overlaps the next s steps of compute
+too. Every rank joins every collective in the same order, so it stays a ring (no parameter
+server). `staleness=0` is synchronous training and gives the same parameters, bit for bit,
+as `hvd.DistributedOptimizer` (tested on 3 ranks).
 
-`SynchronousStep` puts `hvd.DistributedOptimizer` behind the same three calls (zero_grad,
-step, reset) for the plain synchronous case (staleness 0, codec none), where Horovod's own
+`SynchronousStep` puts `hvd.DistributedOptimizer` behind the same calls (zero_grad, step,
+drain, reset) for the plain synchronous case (staleness 0, codec none), where Horovod's own
 hooks overlap the allreduce with backward; the training loop then has one step path.
 
 Gradients are bucketed: each bucket is one flat fp32 buffer, and every parameter's `.grad`
 is a view into it (so `zero_grad` here, never `optimizer.zero_grad`, which would replace
-the views). After an elastic reset, `reset()` drops what was in flight (at most s steps of
-gradients) without waiting on it, and zeroes the error-feedback residuals on every rank, so
-that a new rank (which has none) and the old ones agree.
+the views). What is in flight is never dropped while the ring is whole: `drain()` applies it
+at a graceful reset (a host leaves at a commit) and at the end of training. Only a lost peer
+(HorovodInternalError) drops it: `reset()` then clears every residual, the senders' and the
+owners', on every rank, so that a new rank (which has none) and the old ones agree.
 """
 from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 import horovod.torch as hvd
 from horovod.torch.optimizer import _DistributedOptimizer
 
-from transientvod.codecs import Codec
-from transientvod.config import CODECS
+from transientvod.codecs import Transfer, Wire, check_codec, make_codec
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +56,7 @@ class Bucket:
         self.params = params
         numel = sum(p.numel() for p in params)
         self.grad = torch.zeros(numel, dtype=torch.float32, device=params[0].device)
-        self.codecs: dict[str, Codec] = {}
+        self.codecs: dict[str, object] = {}
         self.bind_grads()
 
     def bind_grads(self) -> None:
@@ -66,26 +69,23 @@ class Bucket:
                 p.grad = view.view_as(p)
             offset += p.numel()
 
-    def codec(self, name: str, block: int) -> Codec:
+    def codec(self, name: str, block: int):
         if name not in self.codecs:
-            self.codecs[name] = Codec(name, self.grad.numel(), self.grad.device, block)
+            self.codecs[name] = make_codec(name, self.grad.numel(), self.grad.device, block)
         return self.codecs[name]
 
 
 @dataclass
 class InFlight:
-    """One bucket of one step on the wire."""
-    bucket: Bucket
-    codec: Codec
-    payload: torch.Tensor
-    scales: torch.Tensor | None
-    flag: torch.Tensor  # this rank's "saw NaN/Inf", max-reduced
-    handles: list = field(default_factory=list)
+    """One step's buckets on the wire, stamped with the ring they were started in."""
+    step: int
+    world: int
+    transfers: list[Transfer]
 
 
 class SynchronousStep:
     """hvd.DistributedOptimizer behind the exchange's interface, so that the loop has one step
-    path: zero_grad, backward, step(step), and reset after an elastic reset."""
+    path: zero_grad, backward, step(step), drain at the end, reset after an elastic reset."""
 
     __slots__ = ("optimizer",)
 
@@ -99,6 +99,9 @@ class SynchronousStep:
         self.optimizer.step()  # waits for the gradients' allreduce, started during backward
         return True
 
+    def drain(self) -> int:
+        return 0  # nothing in flight between steps
+
     def reset(self) -> None:
         pass  # nothing in flight between steps
 
@@ -107,17 +110,18 @@ class GradientExchange:
     """Wraps an optimizer (plain torch, not hvd.DistributedOptimizer) with the exchange."""
 
     __slots__ = ("optimizer", "staleness", "codec_name", "block", "min_compress_elements", "compress_from_step",
-                 "buckets", "queue", "skipped_steps")
+                 "buckets", "queue", "skipped_steps", "applied_steps", "wire", "name", "_ring")
 
     def __init__(self, optimizer: torch.optim.Optimizer, parameters, staleness: int = 0, codec: str = "none",
                  block: int = 512, min_compress_elements: int = MIN_COMPRESS_ELEMENTS, compress_from_step: int = 0,
-                 bucket_elements: int = BUCKET_ELEMENTS):
+                 bucket_elements: int = BUCKET_ELEMENTS, name: str = "transientvod.grads"):
+        """`name` prefixes the exchange's Horovod op names: two exchanges alive in one process
+        at once (tests do that) need different names, since Horovod refuses a name in flight."""
         if isinstance(optimizer, _DistributedOptimizer):
             raise ValueError("wrap the plain torch optimizer: the exchange replaces hvd.DistributedOptimizer.")
-        if staleness < 0:
-            raise ValueError(f"staleness is {staleness}; it must be 0 (synchronous) or more.")
-        if codec not in CODECS:
-            raise ValueError(f"codec is {codec!r}; it must be one of {', '.join(CODECS)}.")
+        if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
+            raise ValueError(f"exchange.staleness is {staleness!r}; it must be 0 (synchronous) or more steps.")
+        check_codec(codec, block)
         if bucket_elements < 1:
             raise ValueError(f"bucket_elements is {bucket_elements}; it must be at least 1.")
         self.optimizer = optimizer
@@ -127,8 +131,12 @@ class GradientExchange:
         self.min_compress_elements = min_compress_elements
         self.compress_from_step = compress_from_step
         self.buckets = self._make_buckets([p for p in parameters if p.requires_grad], bucket_elements)
-        self.queue: deque[list[InFlight]] = deque()
+        self.queue: deque[InFlight] = deque()
         self.skipped_steps = 0
+        self.applied_steps = 0
+        self.wire = Wire()
+        self.name = name
+        self._ring: int | None = None
 
     @staticmethod
     def _make_buckets(params, bucket_elements: int) -> list[Bucket]:
@@ -150,99 +158,83 @@ class GradientExchange:
 
     def step(self, step: int) -> bool:
         """Start step `step`'s exchange; apply step `step - s`'s average. True if applied."""
-        slot = step % (self.staleness + 1)
-        self.queue.append([self._start(bucket, step, slot) for bucket in self.buckets])
+        if self._ring is None:
+            self._ring = step  # the ring's first step: the same on every rank, new or old
+        world, rank = hvd.size(), hvd.rank()
+        # Horovod refuses an op whose name is still in flight. Names carry the ring and the
+        # step's slot, step % (s + 1): at most s + 1 steps are in flight, and a slot's last
+        # step was finished (every handle waited for) before `step` reuses it; a stable name per
+        # slot also lets Horovod's response cache know the op. The ring's first step keeps a
+        # new ring's names apart from any op a reset dropped, as elastic.CommitVote does, and
+        # drain() leaves nothing behind for the next exchange in the same process.
+        prefix = f"{self.name}.r{self._ring}.s{step % (self.staleness + 1)}"
+        transfers = []
+        for bucket in self.buckets:
+            codec = self._codec_for(bucket, step)
+            protocol = codec.start(bucket.grad, self.wire, f"{prefix}.b{bucket.index}", world, rank)
+            transfers.append(Transfer(protocol))
+        self.queue.append(InFlight(step, world, transfers))
+        self._advance()
         if len(self.queue) <= self.staleness:
             return False  # the first s steps only fill the pipeline
         return self._finish(self.queue.popleft())
 
+    def drain(self) -> int:
+        """Apply every step in flight, oldest first, while the ring is still whole; how many
+        were applied (a non-finite step is skipped on every rank, as in `step`)."""
+        applied, drained = 0, len(self.queue)
+        while self.queue:
+            applied += self._finish(self.queue.popleft())
+        if drained:
+            log.info("gradient exchange: drained %d step(s) of gradients in flight", drained)
+        return applied
+
     def reset(self) -> None:
-        """After an elastic reset: drop what was in flight, restart error feedback from zero."""
+        """After an elastic reset (reset callback): drop what is still in flight, which after a
+        drain is nothing, and restart error feedback from zero on every rank, owners' too."""
         dropped = len(self.queue)
         self.queue.clear()
-        for bucket in self.buckets:
-            for codec in bucket.codecs.values():
-                codec.reset_residual()
+        self._ring = None
+        self._reset_residuals()
         if dropped:
             log.info("gradient exchange: dropped %d step(s) of gradients in flight at the reset", dropped)
 
-    # -- one bucket ---------------------------------------------------------------------------
+    # -- steps in flight --------------------------------------------------------------------
 
-    def _codec_for(self, bucket: Bucket, step: int) -> Codec:
+    def _codec_for(self, bucket: Bucket, step: int):
         compress = step >= self.compress_from_step and bucket.grad.numel() >= self.min_compress_elements
         return bucket.codec(self.codec_name if compress else "none", self.block)
 
-    def _start(self, bucket: Bucket, step: int, slot: int) -> InFlight:
-        codec = self._codec_for(bucket, step)
-        payload, scales = codec.new_payload()
-        flag = torch.tensor([1.0 if codec.compress(bucket.grad, payload, scales) else 0.0])
-        name = f"transientvod.b{bucket.index}.s{slot}"
-        work = InFlight(bucket, codec, payload, scales, flag)
-        work.handles.append(hvd.allreduce_async_(flag, op=hvd.Max, name=name + ".flag"))
-        if codec.name in ("none", "fp16"):
-            work.handles.append(hvd.allreduce_async_(payload, op=hvd.Sum, name=name))
-        elif codec.name == "bf16":
-            # Horovod 0.28.1 has no bfloat16 type: gather the bit patterns, sum after.
-            work.handles.append(hvd.allgather_async(payload.view(torch.int16), name=name))
-        else:
-            q_splits, s_splits = self._int8_splits(codec)
-            work.handles.append(hvd.alltoall_async(payload, splits=q_splits, name=name + ".q"))
-            work.handles.append(hvd.alltoall_async(scales, splits=s_splits, name=name + ".scales"))
-        return work
+    def _advance(self) -> None:
+        """Move every step in flight on to its next phase where the last one is done, without
+        blocking. A bucket's newer step never overtakes an older one: an owner's residual must
+        see the steps in order."""
+        for index in range(len(self.buckets)):
+            older_done = None  # phases the older step of this bucket has done; None: complete
+            for record in self.queue:
+                transfer = record.transfers[index]
+                transfer.advance(until=older_done)
+                older_done = None if transfer.complete else transfer.phases_done
 
-    def _finish(self, step_work: list[InFlight]) -> bool:
-        world = hvd.size()
+    def _finish(self, record: InFlight) -> bool:
+        if record.world != hvd.size():
+            raise RuntimeError(f"gradient exchange: step {record.step} was started by {record.world} ranks and "
+                               f"finished by {hvd.size()}; drain() or reset() must run when the ring changes.")
         nonfinite = False
-        for work in step_work:
-            results = [hvd.synchronize(h) for h in work.handles]
-            nonfinite |= bool(results[0].item() > 0)
-            nonfinite |= self._average_into_grad(work, results[1:], world)
+        for bucket, transfer in zip(self.buckets, record.transfers):
+            nonfinite |= transfer.finish(bucket.grad)
         if nonfinite:
-            # Every rank sees the same flag (max-reduced) and the same sums: all skip together.
+            # Every rank decodes the same bytes and the same max-reduced flags: all skip together.
             self.skipped_steps += 1
-            log.warning("gradient exchange: NaN/Inf in a step's gradients; skipped it on every rank "
-                        "and restarted error feedback")
-            for bucket in self.buckets:
-                for codec in bucket.codecs.values():
-                    codec.reset_residual()
+            log.warning("gradient exchange: NaN/Inf in step %d's gradients; skipped it on every rank "
+                        "and restarted error feedback", record.step)
+            self._reset_residuals()
             return False
         self.optimizer.step()
+        self.applied_steps += 1
         return True
 
-    def _average_into_grad(self, work: InFlight, results: list, world: int) -> bool:
-        codec, out = work.codec, work.bucket.grad
-        if codec.name in ("none", "fp16"):
-            return codec.decompress_average(work.payload, None, out, world)
-        if codec.name == "bf16":
-            gathered = results[0].view(torch.bfloat16).view(world, codec.numel)
-            torch.sum(gathered.float(), dim=0, out=out).mul_(1.0 / world)
-            return not bool(torch.isfinite(out).all())
-        # int8: reduce my shard of every rank's payload, requantize, gather the shards back.
-        from transientvod import ops
-
-        (q_in, _), (s_in, _) = results
-        rank_blocks = self._int8_shard_blocks(codec)[hvd.rank()]
-        q_mine = torch.empty(q_in.numel() // world, dtype=torch.int8)
-        s_mine = torch.empty(rank_blocks, dtype=torch.float32)
-        bad = ops.dequant_reduce_requant_(q_in.view(world, -1), s_in.view(world, -1), q_mine, s_mine, block=codec.block)
-        q_all = hvd.allgather(q_mine, name=f"transientvod.b{work.bucket.index}.q_all")
-        s_all = hvd.allgather(s_mine, name=f"transientvod.b{work.bucket.index}.s_all")
-        bad_average = codec.decompress_average(q_all, s_all, out, world)
-        return bad or bad_average
-
-    # -- int8 shards: whole blocks per rank, the last rank takes the remainder ---------------
-
-    def _int8_shard_blocks(self, codec: Codec) -> list[int]:
-        blocks = -(-codec.numel // codec.block)
-        world = hvd.size()
-        base, extra = divmod(blocks, world)
-        return [base + (1 if r < extra else 0) for r in range(world)]
-
-    def _int8_splits(self, codec: Codec) -> tuple[torch.Tensor, torch.Tensor]:
-        block_counts = self._int8_shard_blocks(codec)
-        elements, start = [], 0
-        for count in block_counts:
-            end = min(codec.numel, start + count * codec.block)
-            elements.append(end - start)
-            start = end
-        return torch.tensor(elements, dtype=torch.int32), torch.tensor(block_counts, dtype=torch.int32)
+    def _reset_residuals(self) -> None:
+        for bucket in self.buckets:
+            for codec in bucket.codecs.values():
+                codec.reset_residual()

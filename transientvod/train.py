@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import horovod.torch as hvd
+from horovod.common.exceptions import HostsUpdatedInterrupt
 
 from transientvod.accounting import JobAccounting
 from transientvod.billing.prices import PriceError
@@ -266,6 +267,8 @@ def train(config: Config) -> None:
                     straggle()
                 state.sampler.record_batch(batch_index, len(y))
                 state.step += 1
+                if state.step >= config.train.steps:
+                    stepper.drain()  # the last s steps' gradients, before the final commit
                 samples_since_log += len(y) * hvd.size()
 
                 if hvd.rank() == 0 and state.step % config.train.log_every == 0:
@@ -297,7 +300,11 @@ def train(config: Config) -> None:
                     books.before_checkpoint(state)
                     checkpoint_writer.submit(state.step, state.checkpoint_payload(), config_yaml)
                 if decision.commit:
-                    state.commit()  # may raise HostsUpdatedInterrupt: the state is saved first
+                    try:
+                        state.commit()  # may raise HostsUpdatedInterrupt: the state is saved first
+                    except HostsUpdatedInterrupt:
+                        stepper.drain()  # every rank raises here, so the old ring is still whole
+                        raise
                 if state.step >= config.train.steps:
                     break
             else:
