@@ -20,7 +20,7 @@ CODECS = ("none", "fp16", "bf16", "int8")
 # The int8 block sizes the kernels accept, the op contract of every backend: the CUDA
 # kernels' TV_BLOCK_MIN/MAX (csrc/cuda/compress.cuh; tests/test_cuda_sources.py compares them)
 # and the CPU kernels' stack buffer of INT8_BLOCK_MAX floats. Here, at the bottom of the
-# house, so that a config is checked without torch and ops/ and codecs.py import them.
+# house, so that a config is checked without torch and ops/ and codecs/ import them.
 INT8_BLOCK_MIN, INT8_BLOCK_MAX = 256, 1024
 SPOT_PROVIDERS = ("none", "trace", "aws")
 NOTICE_SOURCES = ("none", "aws", "gce", "hoststate")
