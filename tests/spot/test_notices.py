@@ -18,17 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from transientvod.spot import notices
+from transientvod.spot import notice_aws
 from transientvod.spot.hosts import GONE, NOTICED, HostState, HostStatus, write_host_state
-from transientvod.spot.notices import (
-    GceNoticeSource,
-    HostStateNoticeSource,
-    Imdsv2NoticeSource,
-    Notice,
-    NoticeSourceError,
-    NoticeWatcher,
-    notice_source,
-)
+from transientvod.spot.notice_aws import Imdsv2NoticeSource
+from transientvod.spot.notice_gce import GceNoticeSource
+from transientvod.spot.notice_source import Notice, NoticeSource, NoticeSourceError
+from transientvod.spot.notices import HostStateNoticeSource, NoticeWatcher, notice_source
 
 REPO = Path(__file__).resolve().parents[2]
 TERMINATE_ISO = "2017-09-18T08:22:00Z"
@@ -300,7 +295,7 @@ def test_imds_token_is_reused_then_refreshed_after_401(imds):
 
 def test_imds_token_is_refreshed_before_it_expires(imds, monkeypatch):
     # A margin longer than the token's life makes every cached token count as nearly expired.
-    monkeypatch.setattr(notices, "IMDS_TOKEN_REFRESH_MARGIN_SECONDS", notices.IMDS_TOKEN_TTL_SECONDS + 1)
+    monkeypatch.setattr(notice_aws, "IMDS_TOKEN_REFRESH_MARGIN_SECONDS", notice_aws.IMDS_TOKEN_TTL_SECONDS + 1)
     source = Imdsv2NoticeSource(imds.url)
     source.check()
     source.check()
@@ -323,7 +318,7 @@ def test_imds_instance_action_wins_over_rebalance(imds):
 
 
 def test_imds_instance_action_without_a_readable_time_is_still_a_notice(imds, caplog):
-    caplog.set_level(logging.INFO, logger="transientvod.spot.notices")
+    caplog.set_level(logging.INFO, logger="transientvod.spot")
     imds.instance_action = {"action": "terminate", "time": "soon"}
     notice = Imdsv2NoticeSource(imds.url).check()
     assert (notice.action, notice.terminate_at) == ("terminate", None)
@@ -359,7 +354,7 @@ def test_imds_hibernate_gives_no_time_to_spend(imds):
 
 
 def test_imds_token_reply_lost_to_the_hop_limit_falls_back_to_imdsv1(imds, caplog):
-    caplog.set_level(logging.INFO, logger="transientvod.spot.notices")
+    caplog.set_level(logging.INFO, logger="transientvod.spot")
     imds.token_reply_dropped = True
     imds.imdsv1_allowed = True
     source = Imdsv2NoticeSource(imds.url, timeout=0.3)
@@ -386,7 +381,7 @@ def test_imds_that_requires_tokens_again_is_read_with_one(imds):
 
 
 def test_imds_neither_token_nor_imdsv1_is_said_at_start_up(imds, caplog):
-    caplog.set_level(logging.INFO, logger="transientvod.spot.notices")
+    caplog.set_level(logging.INFO, logger="transientvod.spot")
     imds.token_reply_dropped = True
     source = Imdsv2NoticeSource(imds.url, timeout=0.3)
     watcher = NoticeWatcher(source, poll_seconds=30)
@@ -597,7 +592,7 @@ def test_hoststate_missing_or_broken_file(tmp_path):
 
 
 def test_watcher_sees_notice_and_stops_polling(imds, caplog):
-    caplog.set_level(logging.INFO, logger="transientvod.spot.notices")
+    caplog.set_level(logging.INFO, logger="transientvod.spot")
     watcher = NoticeWatcher(Imdsv2NoticeSource(imds.url), poll_seconds=0.1).start()
     try:
         assert _wait_until(lambda: imds.gets >= 4, 2), "the watcher is not polling"
@@ -623,7 +618,7 @@ def test_watcher_sees_notice_and_stops_polling(imds, caplog):
 
 
 def test_watcher_unreachable_endpoint_warns_once(closed_port_url, caplog):
-    caplog.set_level(logging.INFO, logger="transientvod.spot.notices")
+    caplog.set_level(logging.INFO, logger="transientvod.spot")
     source = Imdsv2NoticeSource(closed_port_url, timeout=0.5)
     checks = []
     original = source.check
@@ -641,7 +636,7 @@ def test_watcher_unreachable_endpoint_warns_once(closed_port_url, caplog):
 
 
 def test_watcher_says_when_the_endpoint_recovers(imds, caplog):
-    caplog.set_level(logging.INFO, logger="transientvod.spot.notices")
+    caplog.set_level(logging.INFO, logger="transientvod.spot")
     source = Imdsv2NoticeSource(imds.url)
     real_url = source.base_url
     with socket.socket() as s:
@@ -659,7 +654,7 @@ def test_watcher_says_when_the_endpoint_recovers(imds, caplog):
 
 
 def test_watcher_survives_a_source_that_raises_anything(caplog):
-    class Flaky(notices.NoticeSource):
+    class Flaky(NoticeSource):
         name = "flaky"
         calls = 0
 
@@ -669,7 +664,7 @@ def test_watcher_survives_a_source_that_raises_anything(caplog):
                 raise KeyError("surprise")
             return Notice(source="flaky", action="revoked", seen_at=time.time(), terminate_at=None)
 
-    caplog.set_level(logging.INFO, logger="transientvod.spot.notices")
+    caplog.set_level(logging.INFO, logger="transientvod.spot")
     watcher = NoticeWatcher(Flaky(), poll_seconds=0.05).start()
     try:
         assert watcher.event.wait(2)
