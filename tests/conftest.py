@@ -224,3 +224,18 @@ def imported_modules(path: Path) -> set[str]:
             assert node.level == 0, f"{path.name}: relative import"
             found.add(node.module)
     return found
+
+
+HEAVY_MODULES = {"torch", "horovod", "numba"}
+
+
+def assert_package_imports(package: Path, allowed: dict[str, set[str]], heavy_allowed: bool = False) -> None:
+    """Each module of `package` imports from transientvod only what `allowed[its stem]` lists
+    (a new module must be added there), and, unless `heavy_allowed`, none of torch, horovod or
+    numba."""
+    modules = {path.stem: path for path in package.glob("*.py")}
+    assert set(modules) == set(allowed), "a new module: say what it may import"
+    for stem, path in modules.items():
+        assert transientvod_imports(path) <= allowed[stem], stem
+        if not heavy_allowed:
+            assert not {name.split(".")[0] for name in imported_modules(path)} & HEAVY_MODULES, stem
