@@ -9,11 +9,14 @@ same process on buckets of the same size: by a numba parallel kernel, and by
 `torch.add(b, c, alpha=s, out=a)`; on CUDA a device-to-device copy. Bandwidth counts the
 ideal bytes (each array read or written once, as the op needs it; write-allocate traffic not
 counted): compress fp16/bf16 14 B per element (grad 4 + residual 4 in, payload 2 + residual 4
-out), int8 13 B + 4 per block, decompress fp16/bf16 6 B, int8 5 B, dequant_reduce_requant
-k + 1 B, the triad 12 B, a copy 8 B. "eager" is the same math as separate PyTorch ops
+out), int8 13 B + 4 per block, decompress fp16/bf16 6 B, int8 5 B, decompress_sum_ of k = 3
+copies of m elements k * 2 + 4 = 10 B per summed element (int8: k * 1 + 4 = 7 B, and k * 4 per
+block), the triad 12 B, a copy 8 B. "eager" is the same math as separate PyTorch ops
 (mul, add, to(fp16), to(fp32), sub: a temporary per op and no non-finite check); for int8 it
-is the plain-PyTorch reference. The reps of all variants of one row are interleaved and the
-best of each is kept, so a noisy neighbour on the machine slows them alike.
+is the plain-PyTorch reference; for decompress_sum_ it is what the op replaced, a
+decompress_avg_ (fused) of each copy into a scratch row added to a zeroed total. The reps of
+all variants of one row are interleaved and the best of each is kept, so a noisy neighbour on
+the machine slows them alike.
 
 Goals at 16M elements on CPU: the fused fp16/bf16 compression reaches >= 0.7x the numba
 triad's bandwidth and runs >= 4x faster than eager PyTorch.
@@ -134,18 +137,39 @@ def measure(n: int, device: torch.device, reps: int, triad) -> list[dict]:
     rows.append({"op": "decompress_avg_ int8", "bytes": 5 + 4 / BLOCK, **t})
     del grad, residual, out
 
-    m = n // RANKS
-    q_in = torch.randint(-127, 128, (RANKS, m), dtype=torch.int8, generator=gen).to(device)
-    scales_in = torch.rand(RANKS, reference.nblocks(m, BLOCK), generator=gen).to(device)
-    q_out, scales_out = torch.empty(m, dtype=torch.int8, device=device), torch.empty_like(scales_in[0])
-    t = timer.best({"fused": lambda: ops.dequant_reduce_requant_(q_in, scales_in, q_out, scales_out, block=BLOCK),
-                    "eager": lambda: reference.reference_dequant_reduce_requant_(q_in, scales_in, q_out, scales_out,
-                                                                                block=BLOCK)}, max(2, reps // 2))
-    # bytes per element of the whole bucket (n = RANKS * m): RANKS * m in, m out
-    rows.append({"op": f"dequant_reduce_requant_ k={RANKS}", "bytes": (RANKS + 1) / RANKS, **t})
+    rows += measure_sum(n, device, reps, timer, gen)
     for row in rows:
         row["n"], row["gbs"] = n, row["bytes"] * n / row["fused"] / 1e9
         row["yard"], row["yard_name"], row["yard_gbs"] = row["gbs"] / yard_gbs, yard_name, yard_gbs
+    return rows
+
+
+def composed_sum(payloads, total, copy, scales):
+    """The owner's sum before decompress_sum_: a decompress_avg_ pass per copy, and an add."""
+    total.zero_()
+    for row in range(payloads.shape[0]):
+        ops.decompress_avg_(payloads[row], copy, 1.0, scales=None if scales is None else scales[row], block=BLOCK)
+        total.add_(copy)
+
+
+def measure_sum(n: int, device: torch.device, reps: int, timer: Timer, gen: torch.Generator) -> list[dict]:
+    """decompress_sum_ of RANKS copies of m = n // RANKS elements (n payload elements in all, as
+    the other rows read), fp16 and int8. Its bytes are counted per payload element (n = RANKS * m):
+    RANKS * m payload elements in, m float32 out."""
+    m = n // RANKS
+    total, copy = torch.empty(m, device=device), torch.empty(m, device=device)
+    rows = []
+    for dtype, name in ((torch.float16, "fp16"), (torch.int8, "int8")):
+        if dtype == torch.int8:
+            payloads = torch.randint(-127, 128, (RANKS, m), dtype=torch.int8, generator=gen).to(device)
+            scales = torch.rand(RANKS, reference.nblocks(m, BLOCK), generator=gen).to(device)
+            payload_bytes = 1 + 4 / BLOCK
+        else:
+            payloads = torch.randn(RANKS, m, generator=gen).to(dtype).to(device)
+            scales, payload_bytes = None, 2
+        t = timer.best({"fused": lambda: ops.decompress_sum_(payloads, total, 1.0, scales=scales, block=BLOCK),
+                        "eager": lambda: composed_sum(payloads, total, copy, scales)}, reps)
+        rows.append({"op": f"decompress_sum_ {name} k={RANKS}", "bytes": (RANKS * payload_bytes + 4) / RANKS, **t})
     return rows
 
 

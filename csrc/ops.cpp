@@ -70,17 +70,21 @@ void check_decompress_avg(const at::Tensor& payload, const at::Tensor& out,
   }
 }
 
-void check_dequant_reduce_requant(const at::Tensor& q_in, const at::Tensor& scales_in, const at::Tensor& q_out,
-                                  const at::Tensor& scales_out, int64_t block, const at::Tensor& flag) {
-  TORCH_CHECK(q_in.dim() == 2, "q_in must be [k, m], not ", q_in.sizes());
-  const int64_t k = q_in.size(0), m = q_in.size(1), blocks = blocks_of(m, block);
-  TORCH_CHECK(k <= INT32_MAX, "q_in has too many rows: ", k);
-  const at::Device device = q_in.device();
-  check_tensor(q_in, "q_in", at::kChar, k * m, device);
-  check_tensor(scales_in, "scales_in", at::kFloat, k * blocks, device);
-  check_tensor(q_out, "q_out", at::kChar, m, device);
-  check_tensor(scales_out, "scales_out", at::kFloat, blocks, device);
+void check_decompress_sum(const at::Tensor& payloads, const at::Tensor& out,
+                          const std::optional<at::Tensor>& scales, int64_t block, const at::Tensor& flag) {
+  TORCH_CHECK(payloads.dim() == 2, "payloads must be [k, m], not ", payloads.sizes());
+  const int64_t k = payloads.size(0), m = payloads.size(1);
+  TORCH_CHECK(k >= 1 && k <= INT32_MAX, "payloads must have 1 to ", INT32_MAX, " rows, not ", k);
+  const at::Device device = payloads.device();
+  check_tensor(payloads, "payloads", payloads.scalar_type(), k * m, device);
+  check_tensor(out, "out", at::kFloat, m, device);
   check_tensor(flag, "flag", at::kInt, 1, device);
+  const at::ScalarType dtype = payloads.scalar_type();
+  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kChar,
+              "payloads must be float16, bfloat16 or int8, not ", dtype);
+  if (dtype == at::kChar) {
+    check_tensor(int8_scales(scales), "scales", at::kFloat, k * blocks_of(m, block), device);
+  }
 }
 
 void compress_ef_meta(const at::Tensor& grad, at::Tensor& residual, at::Tensor& payload, double,
@@ -93,9 +97,9 @@ void decompress_avg_meta(const at::Tensor& payload, at::Tensor& out, double,
   check_decompress_avg(payload, out, scales, block, flag);
 }
 
-void dequant_reduce_requant_meta(const at::Tensor& q_in, const at::Tensor& scales_in, at::Tensor& q_out,
-                                 at::Tensor& scales_out, int64_t block, at::Tensor& flag) {
-  check_dequant_reduce_requant(q_in, scales_in, q_out, scales_out, block, flag);
+void decompress_sum_meta(const at::Tensor& payloads, at::Tensor& out, double,
+                         const std::optional<at::Tensor>& scales, int64_t block, at::Tensor& flag) {
+  check_decompress_sum(payloads, out, scales, block, flag);
 }
 
 void compress_ef(const at::Tensor& grad, at::Tensor& residual, at::Tensor& payload,
@@ -170,40 +174,57 @@ void decompress_avg(const at::Tensor& payload, at::Tensor& out, double inv_n,
   }
 }
 
-void dequant_reduce_requant(const at::Tensor& q_in, const at::Tensor& scales_in,
-                            at::Tensor& q_out, at::Tensor& scales_out, int64_t block,
-                            at::Tensor& flag) {
-  check_dequant_reduce_requant(q_in, scales_in, q_out, scales_out, block, flag);
-  const int64_t k = q_in.size(0), m = q_in.size(1);
-  const c10::cuda::CUDAGuard guard(q_in.device());
-  C10_CUDA_CHECK(tv_dequant_reduce_requant_i8(
-      q_in.const_data_ptr<int8_t>(), scales_in.const_data_ptr<float>(), static_cast<int>(k), m,
-      q_out.mutable_data_ptr<int8_t>(), scales_out.mutable_data_ptr<float>(), block,
-      flag.mutable_data_ptr<int>(), c10::cuda::getCurrentCUDAStream()));
+void decompress_sum(const at::Tensor& payloads, at::Tensor& out, double inv_n,
+                    const std::optional<at::Tensor>& scales, int64_t block, at::Tensor& flag) {
+  check_decompress_sum(payloads, out, scales, block, flag);
+  const int k = static_cast<int>(payloads.size(0));
+  const int64_t m = payloads.size(1);
+  const c10::cuda::CUDAGuard guard(payloads.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const float s_inv = static_cast<float>(inv_n);
+  float* o = out.mutable_data_ptr<float>();
+  int* f = flag.mutable_data_ptr<int>();
+  switch (payloads.scalar_type()) {
+    case at::kHalf:
+      C10_CUDA_CHECK(tv_decompress_sum_f16(
+          static_cast<const unsigned short*>(payloads.const_data_ptr()), k, m, o, s_inv, f, stream));
+      break;
+    case at::kBFloat16:
+      C10_CUDA_CHECK(tv_decompress_sum_bf16(
+          static_cast<const unsigned short*>(payloads.const_data_ptr()), k, m, o, s_inv, f, stream));
+      break;
+    case at::kChar:
+      C10_CUDA_CHECK(tv_decompress_sum_i8(payloads.const_data_ptr<int8_t>(),
+                                          int8_scales(scales).const_data_ptr<float>(), k, m, o,
+                                          s_inv, block, f, stream));
+      break;
+    default:
+      TORCH_CHECK(false, "payloads must be float16, bfloat16 or int8, not ", payloads.scalar_type());
+  }
 }
 
 }  // namespace
 
-// Rows of `q_in`/`scales_in` are the k contributions, summed in row order.
+// Rows of decompress_sum_'s `payloads`/`scales` are the k ranks' copies, summed in row order.
 TORCH_LIBRARY(transientvod, m) {
   m.def("compress_ef_(Tensor grad, Tensor(a!) residual, Tensor(b!) payload, float weight, "
         "Tensor(c!)? scales, int block, Tensor(d!) flag) -> ()");
   m.def("decompress_avg_(Tensor payload, Tensor(a!) out, float inv_n, Tensor? scales, "
         "int block, Tensor(b!) flag) -> ()");
-  m.def("dequant_reduce_requant_(Tensor q_in, Tensor scales_in, Tensor(a!) q_out, "
-        "Tensor(b!) scales_out, int block, Tensor(c!) flag) -> ()");
+  m.def("decompress_sum_(Tensor payloads, Tensor(a!) out, float inv_n, Tensor? scales, "
+        "int block, Tensor(b!) flag) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(transientvod, CUDA, m) {
   m.impl("compress_ef_", &compress_ef);
   m.impl("decompress_avg_", &decompress_avg);
-  m.impl("dequant_reduce_requant_", &dequant_reduce_requant);
+  m.impl("decompress_sum_", &decompress_sum);
 }
 
 TORCH_LIBRARY_IMPL(transientvod, Meta, m) {
   m.impl("compress_ef_", &compress_ef_meta);
   m.impl("decompress_avg_", &decompress_avg_meta);
-  m.impl("dequant_reduce_requant_", &dequant_reduce_requant_meta);
+  m.impl("decompress_sum_", &decompress_sum_meta);
 }
 
 // `import transientvod._C` loads this library, which registers the ops above; the module

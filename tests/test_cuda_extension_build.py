@@ -27,8 +27,8 @@ SCHEMAS = {
                     "float weight, Tensor(c!)? scales, int block, Tensor(d!) flag) -> ()",
     "decompress_avg_": "transientvod::decompress_avg_(Tensor payload, Tensor(a!) out, float inv_n, "
                        "Tensor? scales, int block, Tensor(b!) flag) -> ()",
-    "dequant_reduce_requant_": "transientvod::dequant_reduce_requant_(Tensor q_in, Tensor scales_in, "
-                               "Tensor(a!) q_out, Tensor(b!) scales_out, int block, Tensor(c!) flag) -> ()",
+    "decompress_sum_": "transientvod::decompress_sum_(Tensor payloads, Tensor(a!) out, float inv_n, "
+                       "Tensor? scales, int block, Tensor(b!) flag) -> ()",
 }
 
 pytestmark = pytest.mark.slow
@@ -74,6 +74,7 @@ def test_every_op_has_a_cuda_and_a_meta_kernel_and_no_cpu_one(report):
 
 def test_the_meta_kernels_check_their_arguments(report):
     assert report["short_scales"] == "scales must be contiguous with 4 elements"
+    assert report["sum_short_scales"] == "scales must be contiguous with 12 elements"
 
 
 def test_tracing_records_the_op_and_opcheck_passes(report):

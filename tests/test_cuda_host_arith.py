@@ -47,7 +47,8 @@ SIGNATURES = {
     "host_decompress_avg_fp32": (_vp, _vp, _f, _ll),
     "host_compress_ef_i8": (_vp, _vp, _vp, _vp, _f, _ll, _i),
     "host_decompress_avg_i8": (_vp, _vp, _vp, _f, _ll, _i),
-    "host_dequant_reduce_requant_i8": (_vp, _vp, _i, _ll, _vp, _vp, _i),
+    "host_decompress_sum_16bit": (_i, _vp, _i, _ll, _vp, _f),
+    "host_decompress_sum_i8": (_vp, _vp, _i, _ll, _vp, _f, _i),
 }
 
 
@@ -311,25 +312,67 @@ def test_int8_random_inputs_over_several_steps_quantize_like_torch(harness, bloc
                                   f"int8 random step {step}, block={block}, inv_n={inv_n}")
 
 
-@pytest.mark.parametrize("k", [1, 3, 8])
-@pytest.mark.parametrize("block", [256, 300, 1024])
-def test_int8_reduce_and_requantize_like_torch(harness, k, block):
-    rng = np.random.default_rng(k * 1000 + block)
-    m = 9 * block + 17
-    nb = reference.nblocks(m, block)
-    q_in = rng.integers(-127, 128, (k, m), dtype=np.int8)
-    scales_in = (rng.random((k, nb)) * 10.0 ** rng.uniform(-30, 30, (k, nb))).astype(np.float32)
-    scales_in[0, 1] = np.inf  # a non-finite sum: flag raised, code 0, left out of the amax
-    q_in[:, 2 * block: 3 * block] = 0  # an all-zero block
-    h_q, h_scales = np.zeros(m, np.int8), np.zeros(nb, np.float32)
-    h_flag = harness.host_dequant_reduce_requant_i8(_ptr(q_in), _ptr(scales_in), k, m, _ptr(h_q),
-                                                    _ptr(h_scales), block)
-    r_q, r_scales = torch.zeros(m, dtype=torch.int8), torch.zeros(nb)
-    r_flag = reference.reference_dequant_reduce_requant_(torch.from_numpy(q_in),
-                                                         torch.from_numpy(scales_in), r_q, r_scales,
-                                                         block)
-    what = f"int8 reduce k={k} block={block}"
-    assert_same_floats(h_scales, r_scales.numpy(), f"{what}: scales")
-    assert_same_ints(h_q, r_q.numpy(), f"{what}: codes")
-    assert r_flag, f"{what}: the Inf scale should raise the reference's flag"
+# ---------------------------------------------------------------------------------------------
+# decompress_sum_: k ranks' copies decoded and summed in row order
+
+
+def check_decompress_sum(harness, payloads: torch.Tensor, scales, inv_n, block, what) -> np.ndarray:
+    """decompress_sum_ on harness and reference; returns the harness's out."""
+    k, m = payloads.shape
+    h_out, r_out = np.zeros(m, np.float32), torch.zeros(m)
+    if payloads.dtype == torch.int8:
+        h_flag = harness.host_decompress_sum_i8(_ptr(payloads.numpy()), _ptr(scales.numpy()), k, m,
+                                                _ptr(h_out), inv_n, block)
+    else:
+        bits = np.ascontiguousarray(payloads.view(torch.int16).numpy())
+        h_flag = harness.host_decompress_sum_16bit(CODEC_IDS[payloads.dtype], _ptr(bits), k, m,
+                                                   _ptr(h_out), inv_n)
+    r_flag = reference.reference_decompress_sum_(payloads, r_out, inv_n, scales, block)
+    assert_same_floats(h_out, r_out.numpy(), f"{what}: out")
     assert bool(h_flag) == r_flag, f"{what}: non-finite flag {bool(h_flag)}, reference {r_flag}"
+    return h_out
+
+
+def composed_sum(payloads: torch.Tensor, scales, block: int) -> np.ndarray:
+    """What decompress_sum_ with inv_n = 1 replaces: zeros, then decompress_avg_ of each row
+    (inv_n = 1) added in row order."""
+    k, m = payloads.shape
+    total, copy = torch.zeros(m), torch.zeros(m)
+    for row in range(k):
+        reference.reference_decompress_avg_(payloads[row], copy, 1.0,
+                                            None if scales is None else scales[row], block)
+        total.add_(copy)
+    return total.numpy()
+
+
+@CODECS
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_every_16bit_pattern_sums_like_torch(harness, dtype, k):
+    # Each row holds every pattern (NaN, Inf, -0.0 and subnormals included) in its own order,
+    # so each pattern meets many others, in every row position.
+    rng = np.random.default_rng(k)
+    bits = torch.arange(65536, dtype=torch.int32).to(torch.int16)
+    payloads = torch.stack([bits[torch.from_numpy(rng.permutation(65536))] for _ in range(k)]).view(dtype)
+    out = check_decompress_sum(harness, payloads, None, 1.0, 512, f"{dtype} every pattern, k={k}")
+    assert_same_floats(out, composed_sum(payloads, None, 512), f"{dtype} k={k}: vs decompress_avg_ + add")
+    check_decompress_sum(harness, payloads, None, 1 / 3, 512, f"{dtype} every pattern, k={k}, inv_n=1/3")
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("block", [256, 300, 1024])
+def test_int8_copies_sum_like_torch(harness, k, block):
+    rng = np.random.default_rng(k * 1000 + block)
+    m = 9 * block + 17  # a short last block
+    nb = reference.nblocks(m, block)
+    q = torch.from_numpy(rng.integers(-127, 128, (k, m), dtype=np.int8))
+    scales = torch.from_numpy((rng.random((k, nb)) * 10.0 ** rng.uniform(-30, 30, (k, nb))).astype(np.float32))
+    scales[0, 1] = np.inf  # a non-finite copy: flag raised
+    scales[k - 1, 3] = 3e38  # large finite scales: the sum overflows to Inf where k > 1
+    scales[:, 4] = 3e38
+    q[:, 2 * block: 3 * block] = 0  # an all-zero block
+    scales[:, 2] = 0.0
+    what = f"int8 sum k={k} block={block}"
+    out = check_decompress_sum(harness, q, scales, 1.0, block, what)
+    assert not np.isfinite(out).all(), f"{what}: the Inf scale should give a non-finite sum"
+    assert_same_floats(out, composed_sum(q, scales, block), f"{what}: vs decompress_avg_ + add")
+    check_decompress_sum(harness, q, scales, 0.25, block, f"{what}, inv_n=1/4")

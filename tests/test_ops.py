@@ -261,8 +261,10 @@ def test_empty_bucket(backend):
     q = torch.empty(0, dtype=torch.int8, device=backend)
     assert ops.compress_ef_(empty, empty.clone(), q, 1.0, scales=empty.clone()) is False
     assert ops.decompress_avg_(q, empty.clone(), 0.5, scales=empty.clone()) is False
-    q_in, scales_in = torch.empty(2, 0, dtype=torch.int8, device=backend), torch.empty(2, 0, device=backend)
-    assert ops.dequant_reduce_requant_(q_in, scales_in, q, empty.clone()) is False
+    for dtype in PAYLOADS:
+        payloads = torch.empty(2, 0, dtype=dtype, device=backend)
+        scales = torch.empty(2, 0, device=backend) if dtype == torch.int8 else None
+        assert ops.decompress_sum_(payloads, empty.clone(), 0.5, scales=scales) is False
 
 
 OVERFLOW = {  # (largest float32 that stays finite, smallest that rounds to inf, a few beyond)
@@ -398,65 +400,111 @@ def test_decompress_avg_flags_inf(backend, dtype):
 
 
 # ---------------------------------------------------------------------------------------------
-# dequant_reduce_requant_
+# decompress_sum_
 
 
-def shards(k: int, m: int, block: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """k ranks' int8 quantizations of their own gradients, as the compress step makes them."""
-    q_in = torch.empty(k, m, dtype=torch.int8)
-    scales_in = torch.empty(k, ref.nblocks(m, block))
+def copies(dtype: torch.dtype, k: int, m: int, block: int, seed: int):
+    """k ranks' encodings of their own gradients, as the compress step makes them: payloads
+    [k, m] and (int8) scales [k, ceil(m / block)], on CPU."""
+    payloads = torch.empty(k, m, dtype=dtype)
+    scales = torch.empty(k, ref.nblocks(m, block)) if dtype == torch.int8 else None
     for rank in range(k):
         grad, residual = bucket(m, seed + rank)
-        ref.reference_compress_ef_(grad, residual, q_in[rank], 1.0, scales=scales_in[rank], block=block)
-    return q_in, scales_in
+        ref.reference_compress_ef_(grad, residual, payloads[rank], 1.0,
+                                   scales=None if scales is None else scales[rank], block=block)
+    return payloads, scales
 
 
-def _test_dequant_reduce_requant(device: torch.device, k: int, m: int, block: int = 512,
-                                 nonfinite: bool = False, seed: int = 0) -> None:
-    q_in, scales_in = shards(k, m, block, seed)
+def make_nonfinite(payloads: torch.Tensor, scales: torch.Tensor | None) -> None:
+    """NaN in the first copy, +Inf in the last; with two copies or more also +Inf + -Inf (a NaN
+    sum) and a finite sum past float32's range (int8: an Inf scale and one of 3e38)."""
+    k, m = payloads.shape
+    if scales is not None:
+        scales[k - 1, 0] = float("inf")
+        scales[:, -1] = 3e38
+        return
+    payloads[0, m // 3] = float("nan")
+    payloads[k - 1, m // 2] = float("inf")
+    if k > 1:
+        payloads[0, m - 1], payloads[1, m - 1] = float("inf"), float("-inf")
+
+
+def composed(device, payloads, scales, block) -> torch.Tensor:
+    """What decompress_sum_ replaces: zeros, plus decompress_avg_(row, 1.0) of each row in turn."""
+    k, m = payloads.shape
+    total, copy = torch.zeros(m, device=device), torch.empty(m, device=device)
+    for row in range(k):
+        ops.decompress_avg_(payloads[row], copy, 1.0, scales=None if scales is None else scales[row], block=block)
+        total.add_(copy)
+    return total
+
+
+def _test_decompress_sum(device: torch.device, dtype: torch.dtype, k: int, m: int, block: int = 512,
+                         nonfinite: bool = False, seed: int = 0) -> None:
+    inv_n = 1.0 / 3.0
+    payloads, scales = copies(dtype, k, m, block, seed)
+    if dtype != torch.int8:  # -0.0 in every copy: the sum from 0.0 is +0.0, as zeros + copies gives
+        payloads[:, 0] = -0.0
     if nonfinite:
-        scales_in[k - 1, 0] = float("inf")
-    exp_q, exp_scales = torch.empty(m, dtype=torch.int8), torch.empty(ref.nblocks(m, block))
-    exp_flag = ref.reference_dequant_reduce_requant_(q_in, scales_in, exp_q, exp_scales, block=block)
-    q_out = torch.empty(m, dtype=torch.int8, device=device)
-    scales_out = torch.empty(ref.nblocks(m, block), device=device)
-    flag = ops.dequant_reduce_requant_(q_in.to(device), scales_in.to(device), q_out, scales_out, block=block)
-    assert flag is nonfinite is exp_flag
-    assert_same(q_out, exp_q, "q_out")
-    assert_same(scales_out, exp_scales, "scales_out")
-    assert torch.isfinite(scales_out.cpu()).all()
-    # Against the float64 sum: half a scale of requantization, plus the float32 rounding of the sum.
-    terms = q_in.double() * torch.stack([per_element(s, m, block) for s in scales_in]).double()
-    total = terms.sum(dim=0)
-    ok = torch.isfinite(total)
-    err = (total - q_out.cpu().double() * per_element(scales_out, m, block).double()).abs()
-    bound = per_element(scales_out, m, block).double() * (0.5 + 1e-5) + 2 * k * EPS32 * terms.abs().sum(dim=0)
-    assert torch.all(err[ok] <= bound[ok]), "the requantized sum is further than half a scale from the sum"
-    assert torch.all(q_out.cpu()[~ok] == 0)
+        make_nonfinite(payloads, scales)
+    exp_out = torch.empty(m)
+    exp_flag = ref.reference_decompress_sum_(payloads, exp_out, inv_n, scales=scales, block=block)
+    p, s = payloads.to(device), None if scales is None else scales.to(device)
+    out = torch.full((m,), 5.0, device=device)
+    flag = ops.decompress_sum_(p, out, inv_n, scales=s, block=block)
+    assert flag is nonfinite is exp_flag, f"the non-finite flag is {flag}, the data has NaN/Inf: {nonfinite}"
+    assert_same(out, exp_out, "out")
+    # with inv_n = 1: the bits of the decompress_avg_ + add composition it replaces
+    assert ops.decompress_sum_(p, out, 1.0, scales=s, block=block) is nonfinite
+    assert_same(out, composed(device, p, s, block), "out vs decompress_avg_ + add_")
+    # out is the exact sum / 3 up to one rounding per add and one for the multiply
+    values = payloads.double()
+    if dtype == torch.int8:
+        values = values * torch.stack([per_element(row, m, block) for row in scales]).double()
+    exact = values.sum(dim=0)
+    ok = torch.isfinite(exact) & torch.isfinite(exp_out)
+    err = (out.cpu().double() - exact).abs()
+    bound = (k + 1) * EPS32 * 1.01 * values.abs().sum(dim=0)
+    assert torch.all(err[ok] <= bound[ok]), "out is further from the exact sum than k + 1 roundings"
 
 
 @backends_param
 @pytest.mark.parametrize("m", SIZES)
-@pytest.mark.parametrize("k", [2, 3])
-def test_dequant_reduce_requant(backend, k, m):
-    _test_dequant_reduce_requant(backend, k, m, seed=k * m)
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", PAYLOADS, ids=str)
+def test_decompress_sum(backend, dtype, k, m):
+    _test_decompress_sum(backend, dtype, k, m, seed=k * m)
+
+
+@backends_param
+@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("dtype", PAYLOADS, ids=str)
+def test_decompress_sum_flags_nan_and_inf(backend, dtype, k):
+    _test_decompress_sum(backend, dtype, k, 2**16 + 1, nonfinite=True, seed=k)
 
 
 @backends_param
 @pytest.mark.parametrize("block", BLOCKS)
-def test_dequant_reduce_requant_blocks(backend, block):
-    _test_dequant_reduce_requant(backend, 3, 4 * block + 3, block=block, seed=block)
-    _test_dequant_reduce_requant(backend, 2, 2 * block - 1, block=block, nonfinite=True, seed=block)
+def test_decompress_sum_int8_blocks(backend, block):
+    _test_decompress_sum(backend, torch.int8, 3, 4 * block + 3, block=block, seed=block)
+    _test_decompress_sum(backend, torch.int8, 2, 2 * block - 1, block=block, nonfinite=True, seed=block)
 
 
 @backends_param
-def test_dequant_reduce_requant_one_rank_and_zeros(backend):
-    q_in = torch.zeros(1, 300, dtype=torch.int8, device=backend)
-    scales_in = torch.zeros(1, 2, device=backend)
-    q_out = torch.ones(300, dtype=torch.int8, device=backend)
-    scales_out = torch.full((2,), 9.0, device=backend)
-    assert ops.dequant_reduce_requant_(q_in, scales_in, q_out, scales_out, block=256) is False
-    assert torch.all(q_out.cpu() == 0) and torch.all(scales_out.cpu() == 0)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.int8], ids=str)
+def test_decompress_sum_big_bucket(backend, dtype):
+    _test_decompress_sum(backend, dtype, 3, BIG, nonfinite=True, seed=4)
+
+
+@backends_param
+@pytest.mark.parametrize("dtype", PAYLOADS, ids=str)
+def test_decompress_sum_of_zeros_is_plus_zero(backend, dtype):
+    # -0.0 copies (fp16/bf16) and zero codes and scales (int8) sum to +0.0 in every bit
+    payloads = torch.full((3, 300), -0.0 if dtype != torch.int8 else 0, dtype=dtype, device=backend)
+    scales = torch.zeros(3, ref.nblocks(300, 256), device=backend) if dtype == torch.int8 else None
+    out = torch.full((300,), 7.0, device=backend)
+    assert ops.decompress_sum_(payloads, out, 0.5, scales=scales, block=256) is False
+    assert torch.equal(bits(out), bits(torch.zeros(300))), "a sum of zeros is not +0.0"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -468,7 +516,7 @@ def z(*shape, dtype=torch.float32, device="cpu"):
 
 
 F16, BF16, I8 = torch.float16, torch.bfloat16, torch.int8
-COMPRESS, DECOMPRESS, REDUCE = ops.compress_ef_, ops.decompress_avg_, ops.dequant_reduce_requant_
+COMPRESS, DECOMPRESS, SUM = ops.compress_ef_, ops.decompress_avg_, ops.decompress_sum_
 BAD_CALLS = {  # case: (op, args, kwargs, words the message must hold)
     "grad float64": (COMPRESS, (z(8, dtype=torch.float64), z(8), z(8, dtype=F16), 1.0), {}, "grad is torch.float64"),
     "residual shorter": (COMPRESS, (z(8), z(7), z(8, dtype=F16), 1.0), {}, "residual has 7 elements"),
@@ -489,11 +537,20 @@ BAD_CALLS = {  # case: (op, args, kwargs, words the message must hold)
     "out shorter": (DECOMPRESS, (z(8, dtype=F16), z(4), 0.5), {}, "out has 4"),
     "payload int32": (DECOMPRESS, (z(8, dtype=torch.int32), z(8), 0.5), {}, "payload is torch.int32"),
     "decompress int8 no scales": (DECOMPRESS, (z(8, dtype=I8), z(8), 0.5), {}, "needs scales"),
-    "q_in 1-D": (REDUCE, (z(8, dtype=I8), z(1), z(8, dtype=I8), z(1)), {}, "2-D"),
-    "q_in no ranks": (REDUCE, (z(0, 8, dtype=I8), z(0, 1), z(8, dtype=I8), z(1)), {}, "at least one rank"),
-    "scales_in shape": (REDUCE, (z(2, 8, dtype=I8), z(2), z(8, dtype=I8), z(1)), {}, "scales_in has shape"),
-    "q_out shorter": (REDUCE, (z(2, 8, dtype=I8), z(2, 1), z(7, dtype=I8), z(1)), {}, "q_out has 7"),
-    "scales_out shape": (REDUCE, (z(2, 8, dtype=I8), z(2, 1), z(8, dtype=I8), z(2)), {}, "scales_out has shape"),
+    "payloads 1-D": (SUM, (z(8, dtype=F16), z(8), 0.5), {}, "2-D [ranks, elements]"),
+    "payloads no ranks": (SUM, (z(0, 8, dtype=F16), z(8), 0.5), {}, "at least one rank's copy"),
+    "payloads float32": (SUM, (z(2, 8), z(8), 0.5), {}, "payloads is torch.float32"),
+    "payloads strided": (SUM, (z(2, 16, dtype=BF16)[:, ::2], z(8), 0.5), {}, "not contiguous"),
+    "sum out float16": (SUM, (z(2, 8, dtype=F16), z(8, dtype=F16), 0.5), {}, "out is torch.float16"),
+    "sum out shorter": (SUM, (z(2, 8, dtype=F16), z(7), 0.5), {}, "out has 7 elements but each row of payloads"),
+    "sum other device": (SUM, (z(2, 8, dtype=F16), z(8, device="meta"), 0.5), {}, "one device"),
+    "sum int8 no scales": (SUM, (z(2, 8, dtype=I8), z(8), 0.5), {}, "needs scales"),
+    "sum scales 1-D": (SUM, (z(2, 8, dtype=I8), z(8), 0.5), {"scales": z(2)}, "2-D [ranks, elements]"),
+    "sum scales one row": (SUM, (z(2, 8, dtype=I8), z(8), 0.5), {"scales": z(1, 1)}, "need shape (2, 1)"),
+    "sum scales float16": (SUM, (z(2, 8, dtype=I8), z(8), 0.5), {"scales": z(2, 1, dtype=F16)}, "is torch.float16"),
+    "sum scales for bf16": (SUM, (z(2, 8, dtype=BF16), z(8), 0.5), {"scales": z(2, 1)}, "int8 payloads only"),
+    "sum block 2048": (SUM, (z(2, 8, dtype=I8), z(8), 0.5), {"scales": z(2, 1), "block": 2048}, "256 to 1024"),
+    "sum inv_n text": (SUM, (z(2, 8, dtype=F16), z(8), "a third"), {}, "inv_n is 'a third'"),
 }
 
 

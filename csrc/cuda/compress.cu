@@ -89,15 +89,32 @@ cudaError_t tv_decompress_avg_i8(const signed char* q, const float* scales, floa
   return cudaGetLastError();
 }
 
-cudaError_t tv_dequant_reduce_requant_i8(const signed char* q_in, const float* scales_in, int k,
-                                         long long m, signed char* q_out, float* scales_out,
-                                         int block, int* flag, cudaStream_t stream) {
+// decompress_sum_: one thread per element, so the grid counts elements, not vector steps.
+cudaError_t tv_decompress_sum_f16(const unsigned short* payloads, int k, long long m, float* out,
+                                  float inv_n, int* flag, cudaStream_t stream) {
   if (m <= 0) return cudaSuccess;
-  if (block < TV_BLOCK_MIN || block > TV_BLOCK_MAX || k < 0) return cudaErrorInvalidValue;
-  const int threads = tv::quant_threads(block);
-  tv_dequant_reduce_requant_i8_kernel<<<grid_size((m + block - 1) / block, threads), threads, 0,
-                                        stream>>>(q_in, scales_in, k, m, q_out, scales_out, block,
-                                                  flag);
+  if (k < 1) return cudaErrorInvalidValue;
+  tv_decompress_sum_f16_kernel<<<grid_size((m + TV_THREADS - 1) / TV_THREADS, TV_THREADS),
+                                 TV_THREADS, 0, stream>>>(payloads, k, m, out, inv_n, flag);
+  return cudaGetLastError();
+}
+
+cudaError_t tv_decompress_sum_bf16(const unsigned short* payloads, int k, long long m, float* out,
+                                   float inv_n, int* flag, cudaStream_t stream) {
+  if (m <= 0) return cudaSuccess;
+  if (k < 1) return cudaErrorInvalidValue;
+  tv_decompress_sum_bf16_kernel<<<grid_size((m + TV_THREADS - 1) / TV_THREADS, TV_THREADS),
+                                  TV_THREADS, 0, stream>>>(payloads, k, m, out, inv_n, flag);
+  return cudaGetLastError();
+}
+
+cudaError_t tv_decompress_sum_i8(const signed char* q, const float* scales, int k, long long m,
+                                 float* out, float inv_n, int block, int* flag,
+                                 cudaStream_t stream) {
+  if (m <= 0) return cudaSuccess;
+  if (block < TV_BLOCK_MIN || block > TV_BLOCK_MAX || k < 1) return cudaErrorInvalidValue;
+  tv_decompress_sum_i8_kernel<<<grid_size((m + TV_THREADS - 1) / TV_THREADS, TV_THREADS),
+                                TV_THREADS, 0, stream>>>(q, scales, k, m, out, inv_n, block, flag);
   return cudaGetLastError();
 }
 

@@ -1,7 +1,7 @@
 // Fused gradient-compression kernels: error feedback + quantization, dequantization + averaging,
-// and the int8 dequantize-reduce-requantize step. No torch headers on purpose: nvcc compiles this
-// text into the extension (through compress.cu), and NVRTC (cupy) compiles the very same text at
-// run time when the extension was not built. The op semantics are the CPU side's
+// and the shard owner's decode-and-sum of k ranks' copies. No torch headers on purpose: nvcc
+// compiles this text into the extension (through compress.cu), and NVRTC (cupy) compiles the very
+// same text at run time when the extension was not built. The op semantics are the CPU side's
 // (transientvod/ops/reference.py, and cpu.py's numba kernels); every rounding step below is
 // spelled out so that the results agree with them bit for bit:
 //   * __fmul_rn / __fadd_rn / __fsub_rn / __fdiv_rn (tv::mul_rn etc.): each step rounded on its
@@ -16,7 +16,7 @@
 //       keeps it, and its residual is 0;
 //       int8: x counts as 0 (code 0, residual 0, left out of its block's amax: one NaN must
 //       not wipe out the whole block);
-//       decompression and reduction: any non-finite output, or sum.
+//       decompression and the sum of copies: any non-finite output.
 //
 // Layout of this file:
 //   1. the element functions (__host__ __device__): the arithmetic of one element, with the few
@@ -143,6 +143,40 @@ TV_HD float int8_residual(float x, float code, float scale) {
   return sub_rn(x, dequantize_one(code, scale));
 }
 
+// decompress_sum_: element i of k ranks' copies (rows of m), each decoded as decompress_avg_
+// decodes it with inv_n = 1, summed in row order from 0.0f (not from row 0: 0 + -0 is +0, as
+// in the composition zeros + copy_0 + copy_1 ... that the op replaces), one rounding per row,
+// then times inv_n. The rows are read through a small decoder object (no lambdas: those would
+// need nvcc's --extended-lambda, and NVRTC compiles this text too).
+template <class Codec>
+struct Rows16bit {  // fp16 / bf16 bits, [k, m] row-major
+  const unsigned short* payloads;
+  long long m;
+  TV_HD float operator()(int row, long long i) const {
+    return Codec::decode(payloads[row * m + i]);
+  }
+};
+
+// The element decode of an int8 copy: its code times its row's scale of this block.
+TV_HD float decode_int8(signed char q, float scale) { return dequantize_one((float)q, scale); }
+
+struct RowsInt8 {  // codes [k, m] and scales [k, blocks], row-major
+  const signed char* q;
+  const float* scales;
+  long long m, blocks;
+  int block;
+  TV_HD float operator()(int row, long long i) const {
+    return decode_int8(q[row * m + i], scales[row * blocks + i / block]);
+  }
+};
+
+template <class Rows>
+TV_HD float sum_one(const Rows& rows, int k, long long i, float inv_n) {
+  float total = 0.0f;
+  for (int row = 0; row < k; ++row) total = add_rn(total, rows(row, i));
+  return average_one(total, inv_n);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. Device code.
 
@@ -258,6 +292,24 @@ __device__ __forceinline__ void decompress_avg_fp32(const float* __restrict__ pa
   }
   for (long long i = vectorized + first; i < n; i += stride) {
     const float o = average_one(payload[i], inv_n);
+    bad |= !is_finite(o);
+    out[i] = o;
+  }
+  report_nonfinite(bad, flag);
+}
+
+// decompress_sum_: one thread per element (grid-stride), looping over the k rows in order. At
+// each row step a warp reads 32 neighbouring elements of one row (coalesced). The sum stays in a
+// register, so out is written once, where the decompress_avg_ + add composition writes a copy
+// and reads and writes the total once per row.
+template <class Rows>
+__device__ __forceinline__ void decompress_sum(const Rows& rows, int k, float* __restrict__ out,
+                                               float inv_n, long long m, int* flag) {
+  const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  bool bad = false;
+  for (long long i = first; i < m; i += stride) {
+    const float o = sum_one(rows, k, i, inv_n);
     bad |= !is_finite(o);
     out[i] = o;
   }
@@ -470,43 +522,26 @@ tv_decompress_avg_i8_kernel(const signed char* __restrict__ q, const float* __re
   tv::report_nonfinite(bad, flag);
 }
 
-// q_in is [k, m] and scales_in [k, ceil(m / block)], both row-major; q_out [m], scales_out
-// [ceil(m / block)]. Same launch contract as tv_compress_ef_i8_kernel. Sums in row order.
+// decompress_sum_: payloads [k, m] row-major (int8: scales [k, ceil(m / block)]), out [m];
+// one thread per element, blockDim.x = TV_THREADS. Sums in row order.
 extern "C" __global__ void __launch_bounds__(TV_THREADS)
-tv_dequant_reduce_requant_i8_kernel(const signed char* __restrict__ q_in,
-                                    const float* __restrict__ scales_in, int k, long long m,
-                                    signed char* __restrict__ q_out,
-                                    float* __restrict__ scales_out, int block, int* flag) {
-  __shared__ float warp_max[TV_THREADS / 32];
-  // every row must start 4-byte aligned too, hence m % 4 == 0
-  const bool vec = block % TV_QUANT_ITEMS == 0 && m % TV_QUANT_ITEMS == 0 &&
-                   tv::aligned<4>(q_in) && tv::aligned<4>(q_out);
+tv_decompress_sum_f16_kernel(const unsigned short* __restrict__ payloads, int k, long long m,
+                             float* __restrict__ out, float inv_n, int* flag) {
+  tv::decompress_sum(tv::Rows16bit<tv::Half>{payloads, m}, k, out, inv_n, m, flag);
+}
+
+extern "C" __global__ void __launch_bounds__(TV_THREADS)
+tv_decompress_sum_bf16_kernel(const unsigned short* __restrict__ payloads, int k, long long m,
+                              float* __restrict__ out, float inv_n, int* flag) {
+  tv::decompress_sum(tv::Rows16bit<tv::BFloat16>{payloads, m}, k, out, inv_n, m, flag);
+}
+
+extern "C" __global__ void __launch_bounds__(TV_THREADS)
+tv_decompress_sum_i8_kernel(const signed char* __restrict__ q, const float* __restrict__ scales,
+                            int k, long long m, float* __restrict__ out, float inv_n, int block,
+                            int* flag) {
   const long long blocks = (m + block - 1) / block;
-  bool bad = false;
-  for (long long b = blockIdx.x; b < blocks; b += gridDim.x) {
-    const long long start = b * block;
-    const int len = m - start < block ? (int)(m - start) : block;
-    float sum[TV_QUANT_ITEMS] = {0.0f, 0.0f, 0.0f, 0.0f}, codes[TV_QUANT_ITEMS];
-#pragma unroll 4
-    for (int row = 0; row < k; ++row) {
-      const float scale = scales_in[row * blocks + b];
-      float v[TV_QUANT_ITEMS];
-      tv::load_codes(q_in + row * m + start, vec, len, v);
-#pragma unroll
-      for (int j = 0; j < TV_QUANT_ITEMS; ++j)
-        sum[j] = tv::add_rn(sum[j], tv::dequantize_one(v[j], scale));
-    }
-#pragma unroll
-    for (int j = 0; j < TV_QUANT_ITEMS; ++j) {
-      // only a non-finite input scale gets here
-      bad |= !tv::is_finite(sum[j]) && tv::item_index(vec, j) < len;
-      sum[j] = tv::finite_or_zero(sum[j]);
-    }
-    const float scale = tv::quantize_block(sum, codes, warp_max);
-    if (threadIdx.x == 0) scales_out[b] = scale;
-    tv::store_codes(q_out + start, vec, len, codes);
-  }
-  tv::report_nonfinite(bad, flag);
+  tv::decompress_sum(tv::RowsInt8{q, scales, m, blocks, block}, k, out, inv_n, m, flag);
 }
 
 #endif  // __CUDACC__
@@ -539,9 +574,13 @@ cudaError_t tv_decompress_avg_i8(const signed char* q, const float* scales, floa
                                  float inv_n, long long n, int block, int* flag,
                                  cudaStream_t stream);
 
-cudaError_t tv_dequant_reduce_requant_i8(const signed char* q_in, const float* scales_in, int k,
-                                         long long m, signed char* q_out, float* scales_out,
-                                         int block, int* flag, cudaStream_t stream);
+cudaError_t tv_decompress_sum_f16(const unsigned short* payloads, int k, long long m, float* out,
+                                  float inv_n, int* flag, cudaStream_t stream);
+cudaError_t tv_decompress_sum_bf16(const unsigned short* payloads, int k, long long m, float* out,
+                                   float inv_n, int* flag, cudaStream_t stream);
+cudaError_t tv_decompress_sum_i8(const signed char* q, const float* scales, int k, long long m,
+                                 float* out, float inv_n, int block, int* flag,
+                                 cudaStream_t stream);
 
 }  // extern "C"
 #endif  // !__CUDACC_RTC__

@@ -12,7 +12,7 @@ import sys
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-OPS = ("compress_ef_", "decompress_avg_", "dequant_reduce_requant_")
+OPS = ("compress_ef_", "decompress_avg_", "decompress_sum_")
 
 
 def meta_arguments(n: int = 1000, block: int = 256) -> dict:
@@ -25,8 +25,8 @@ def meta_arguments(n: int = 1000, block: int = 256) -> dict:
                          torch.empty(blocks, **meta), block, flag),
         "decompress_avg_": (torch.empty(n, dtype=torch.float16, **meta), torch.empty(n, **meta), 0.25, None, block,
                             flag),
-        "dequant_reduce_requant_": (torch.empty(3, n, dtype=torch.int8, **meta), torch.empty(3 * blocks, **meta),
-                                    torch.empty(n, dtype=torch.int8, **meta), torch.empty(blocks, **meta), block, flag),
+        "decompress_sum_": (torch.empty(3, n, dtype=torch.int8, **meta), torch.empty(n, **meta), 1.0 / 3,
+                            torch.empty(3, blocks, **meta), block, flag),
     }
 
 
@@ -49,6 +49,13 @@ def main(library: str) -> None:
         report["short_scales"] = "accepted"
     except RuntimeError as e:
         report["short_scales"] = str(e).splitlines()[0]
+    # decompress_sum_'s scales need one row per copy: one row short is refused as well.
+    payloads, out, inv_n, sum_scales, block, flag = arguments["decompress_sum_"]
+    try:
+        ops.decompress_sum_(payloads, out, inv_n, sum_scales[:-1], block, flag)
+        report["sum_short_scales"] = "accepted"
+    except RuntimeError as e:
+        report["sum_short_scales"] = str(e).splitlines()[0]
 
     # Tracing, as torch.compile's front end does: the ops appear in the graph, in place.
     def step(grad, residual, payload, scales, flag):

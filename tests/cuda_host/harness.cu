@@ -103,28 +103,26 @@ int host_decompress_avg_i8(const signed char* q, const float* scales, float* out
   return bad;
 }
 
-// q_in [k, m] and scales_in [k, ceil(m / block)], row-major; sums in row order from 0.
-int host_dequant_reduce_requant_i8(const signed char* q_in, const float* scales_in, int k,
-                                   long long m, signed char* q_out, float* scales_out,
-                                   int block) {
+// decompress_sum_ through the kernels' own element function (sum_one and the row decoders):
+// payloads [k, m] (int8: scales [k, ceil(m / block)]), row-major.
+int host_decompress_sum_16bit(int codec, const unsigned short* payloads, int k, long long m,
+                              float* out, float inv_n) {
   bool bad = false;
-  const long long blocks = (m + block - 1) / block;
-  float sum[TV_BLOCK_MAX], codes[TV_BLOCK_MAX];
-  for (long long b = 0; b < blocks; ++b) {
-    const long long start = b * block;
-    const long long len = m - start < block ? m - start : block;
-    for (long long i = 0; i < len; ++i) sum[i] = 0.0f;
-    for (int row = 0; row < k; ++row) {
-      const float scale = scales_in[row * blocks + b];
-      for (long long i = 0; i < len; ++i)
-        sum[i] = tv::add_rn(sum[i], tv::dequantize_one((float)q_in[row * m + start + i], scale));
-    }
-    for (long long i = 0; i < len; ++i) {
-      bad |= !tv::is_finite(sum[i]);
-      sum[i] = tv::finite_or_zero(sum[i]);
-    }
-    scales_out[b] = quantize_block(sum, codes, len);
-    for (long long i = 0; i < len; ++i) q_out[start + i] = (signed char)(int)codes[i];
+  for (long long i = 0; i < m; ++i) {
+    out[i] = codec == FP16 ? tv::sum_one(tv::Rows16bit<tv::Half>{payloads, m}, k, i, inv_n)
+                           : tv::sum_one(tv::Rows16bit<tv::BFloat16>{payloads, m}, k, i, inv_n);
+    bad |= !tv::is_finite(out[i]);
+  }
+  return bad;
+}
+
+int host_decompress_sum_i8(const signed char* q, const float* scales, int k, long long m,
+                           float* out, float inv_n, int block) {
+  const tv::RowsInt8 rows{q, scales, m, (m + block - 1) / block, block};
+  bool bad = false;
+  for (long long i = 0; i < m; ++i) {
+    out[i] = tv::sum_one(rows, k, i, inv_n);
+    bad |= !tv::is_finite(out[i]);
   }
   return bad;
 }

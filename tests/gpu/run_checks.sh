@@ -130,20 +130,25 @@ for n in (0, 1, 255, 256, 257, 4097, 2**20 + 3):
             same(o_c, o_g, what + " decompress")
             assert bad_c == bad_g, what + " decompress flag"
             cases += 1
-        for k, block in ((1, 512), (4, 300), (8, 1024)):
+        for dtype, k, block in ((torch.float16, 1, 512), (torch.bfloat16, 3, 512), (torch.float16, 4, 512),
+                                (torch.int8, 1, 512), (torch.int8, 3, 300), (torch.int8, 8, 1024)):
+            what = f"sum n={n} offset={offset} k={k} {dtype} block={block}"
             nb = -(-n // block)
-            q = torch.from_numpy(rng.integers(-127, 128, (k, n), dtype=np.int8))
-            s = torch.from_numpy(rng.random((k, nb), dtype=np.float32))
-            q_c, s_c = torch.zeros(n, dtype=torch.int8), torch.zeros(nb)
-            bad_c = cpu.dequant_reduce_requant_(q, s, q_c, s_c, block)
-            # outputs pre-filled with what the op never writes (codes are in [-127, 127], scales
-            # are never NaN here), so an element the kernel skips fails the comparison
-            q_g = on_gpu(torch.full((n,), -128, dtype=torch.int8), offset)
-            s_g = torch.full((nb,), float("nan"), device=dev)
-            bad_g = cuda.dequant_reduce_requant_(q.to(dev), s.to(dev), q_g, s_g, block)
-            same(q_c, q_g, f"reduce n={n} k={k} block={block}")
-            same(s_c, s_g, f"reduce scales n={n} k={k} block={block}")
-            assert bad_c == bad_g, f"reduce flag n={n} k={k}"
+            if dtype == torch.int8:
+                p = torch.from_numpy(rng.integers(-127, 128, (k, n), dtype=np.int8))
+                s = torch.from_numpy(rng.random((k, nb), dtype=np.float32))
+                if nb:
+                    s[k - 1, nb - 1] = float("inf")
+            else:
+                p = torch.stack([data(n, 0) for _ in range(k)]).to(dtype)
+            s_c, s_g = (s, s.to(dev)) if dtype == torch.int8 else (None, None)
+            o_c = torch.zeros(n)
+            bad_c = cpu.decompress_sum_(p, o_c, 0.25, s_c, block)
+            # out pre-filled with a value a sum never gives here, so a skipped element fails
+            o_g = on_gpu(torch.full((n,), -7.5e37), offset)
+            bad_g = cuda.decompress_sum_(p.to(dev), o_g, 0.25, s_g, block)
+            same(o_c, o_g, what)
+            assert bad_c == bad_g, what + " flag"
             cases += 1
 torch.cuda.synchronize()
 print(f"cuda == cpu.py in {cases} cases")

@@ -4,11 +4,12 @@
     nonfinite = ops.compress_ef_(grad, residual, payload, weight)            # fp16 / bf16 payload
     nonfinite = ops.compress_ef_(grad, residual, q, weight, scales=s, block=512)  # int8 payload
     nonfinite = ops.decompress_avg_(summed, out, 1.0 / world_size, scales=s)
-    nonfinite = ops.dequant_reduce_requant_(q_in, scales_in, q_out, scales_out)
+    nonfinite = ops.decompress_sum_(payloads, total, 1.0 / world_size, scales=s)  # [k, m]: k copies
 
-Every op works on flat contiguous 1-D buckets, in place, in one pass, and returns a Python
-bool: True if it saw a NaN or Inf (found in the same pass). `weight` and `inv_n` are rounded to
-float32 first. Every backend gives the same bits as `reference.py` (NaN bit patterns aside).
+Every op works on contiguous buckets (flat 1-D, or k rows of m for decompress_sum_), in place,
+in one pass, and returns a Python bool: True if it saw a NaN or Inf (found in the same pass).
+`weight` and `inv_n` are rounded to float32 first. Every backend gives the same bits as
+`reference.py` (NaN bit patterns aside).
 
 Backends, by the tensors' device:
 
@@ -29,15 +30,15 @@ import os
 import torch
 
 from transientvod.ops import reference
-from transientvod.ops.reference import (check_compress_ef, check_decompress_avg, check_dequant_reduce_requant,
+from transientvod.ops.reference import (check_compress_ef, check_decompress_avg, check_decompress_sum,
                                         reference_compress_ef_, reference_decompress_avg_,
-                                        reference_dequant_reduce_requant_)
+                                        reference_decompress_sum_)
 
 BACKENDS = ("cuda", "cupy", "numba", "torch")
 KERNELS_ENV = "TRANSIENTVOD_KERNELS"
 
-__all__ = ["BACKENDS", "KERNELS_ENV", "backend_for", "compress_ef_", "decompress_avg_", "dequant_reduce_requant_",
-           "reference_compress_ef_", "reference_decompress_avg_", "reference_dequant_reduce_requant_"]
+__all__ = ["BACKENDS", "KERNELS_ENV", "backend_for", "compress_ef_", "decompress_avg_", "decompress_sum_",
+           "reference_compress_ef_", "reference_decompress_avg_", "reference_decompress_sum_"]
 
 _imported: dict[str, tuple[object, str]] = {}  # "numba" / "cuda" -> (module or None, why)
 
@@ -157,15 +158,19 @@ def decompress_avg_(payload: torch.Tensor, out: torch.Tensor, inv_n: float,
     return bool(_op(payload.device, "decompress_avg_")(payload, out, inv_n, scales=scales, block=block))
 
 
-def dequant_reduce_requant_(q_in: torch.Tensor, scales_in: torch.Tensor, q_out: torch.Tensor,
-                            scales_out: torch.Tensor, block: int = 512) -> bool:
-    """The int8 all-to-all step: sum k ranks' quantized shards of the same m elements, requantize.
+def decompress_sum_(payloads: torch.Tensor, out: torch.Tensor, inv_n: float,
+                    scales: torch.Tensor | None = None, block: int = 512) -> bool:
+    """The shard owner's step: decode k ranks' copies of the same m elements and sum them, in one pass.
 
-    q_in: int8 [k, m] and scales_in: float32 [k, ceil(m / block)], one row per rank;
-    sum = sum over ranks (in rank order, from 0) of q * scale in float32; q_out: int8 [m] and
-    scales_out: float32 [ceil(m / block)] get the sum by the int8 rule of `compress_ef_`.
-    No error feedback on this step: the requantization error (at most scale / 2 per element)
-    is dropped. Returns True if any sum is not finite (its q is 0).
+    out[i] = (decode(payloads[0, i]) + ... + decode(payloads[k-1, i])) * inv_n in float32: the
+    sum starts from 0.0 and adds the rows in row order, one rounding each, never an FMA; decode
+    is what `decompress_avg_` does with inv_n = 1 (float32(payload); int8: q * scale, the
+    row's block scale). So decompress_sum_(P, out, 1.0, S) has the bits of zeroing a total and
+    adding decompress_avg_(P[r], copy, 1.0, S[r]) for r = 0 .. k-1.
+
+    payloads: float16, bfloat16 or int8 [k, m], k >= 1, contiguous; scales (int8 only): float32
+    [k, ceil(m / block)], one row per rank; out: float32 [m]. Returns True if any element of
+    out is not finite.
     """
-    check_dequant_reduce_requant(q_in, scales_in, q_out, scales_out, block)
-    return bool(_op(q_in.device, "dequant_reduce_requant_")(q_in, scales_in, q_out, scales_out, block=block))
+    check_decompress_sum(payloads, out, inv_n, scales, block)
+    return bool(_op(payloads.device, "decompress_sum_")(payloads, out, inv_n, scales=scales, block=block))

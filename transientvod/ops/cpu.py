@@ -28,13 +28,7 @@ import numpy as np
 import torch
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.core import cgutils
 from numba.extending import intrinsic
-from numba.np.arrayobj import populate_array
-
-# Sizes the int8 kernels' stack buffer. numba caches a global as a constant and does not see a
-# change in another file: after changing INT8_BLOCK_MAX, delete this directory's __pycache__.
-from transientvod.config import INT8_BLOCK_MAX
 
 # float32 constants: a Python float literal in a numba kernel is float64 and would turn the
 # float32 arithmetic into float64 arithmetic.
@@ -67,22 +61,6 @@ def _float(typingctx, bits):
         return builder.bitcast(low, ir.FloatType())
 
     return types.float32(bits), codegen
-
-
-@intrinsic
-def _stack_block(typingctx):
-    """A float32 array of INT8_BLOCK_MAX elements on the calling function's stack (no heap, no
-    reference count): the one scratch row dequant_reduce_requant_ sums a block's ranks into."""
-
-    def codegen(context, builder, signature, args):
-        size = context.get_constant(types.intp, INT8_BLOCK_MAX)
-        data = cgutils.alloca_once(builder, ir.FloatType(), size=size)  # in the entry block
-        array = context.make_array(signature.return_type)(context, builder)
-        populate_array(array, data=data, shape=[size], strides=[context.get_constant(types.intp, 4)],
-                       itemsize=context.get_constant(types.intp, 4), meminfo=None)
-        return array._getvalue()
-
-    return types.Array(types.float32, 1, "C")(), codegen
 
 
 # ---------------------------------------------------------------------------------------------
@@ -333,45 +311,86 @@ def _decompress_int8(payload, scales, out, inv_n, block):
     return bad
 
 
+# decompress_sum_ runs one chunk of elements per prange iteration and, within it, the rows one
+# after another over the chunk's slice of out (the loops over elements innermost, so they
+# vectorize): out holds the running sum, from 0.0, one float32 add per row, then the multiply
+# by inv_n. A chunk of out (8 KB) stays in L1 while the k rows are added into it.
+_SUM_CHUNK = 2048
+
+
 @njit(cache=True)
-def _sum_block(q_in, scales_in, b, start, stop, q_out):
-    """One block of dequant_reduce_requant_: the ranks' q * scale summed rank by rank into a
-    stack row (the loops over elements are innermost, so they vectorize), then requantized.
-    Returns (scale, number of non-finite sums)."""
-    total = _stack_block()[:stop - start]
-    total[:] = _ZERO
-    for rank in range(q_in.shape[0]):
-        q, scale = q_in[rank, start:stop], scales_in[rank, b]
-        for i in range(total.shape[0]):
-            total[i] = total[i] + np.float32(q[i]) * scale
-    amax = 0
+def _add_half_row(total, row):
+    for i in range(total.shape[0]):
+        total[i] = total[i] + _half_value(row[i])
+
+
+@njit(cache=True)
+def _add_bf16_row(total, row):
+    for i in range(total.shape[0]):
+        total[i] = total[i] + _bf16_value(row[i])
+
+
+@njit(cache=True)
+def _add_int8_row(total, q, scale):
+    """The row's decode is decompress_avg_'s with inv_n = 1: float32(q) * scale, then the add."""
+    for i in range(total.shape[0]):
+        total[i] = total[i] + np.float32(q[i]) * scale
+
+
+@njit(cache=True)
+def _average_chunk(total, inv_n):
+    """total *= inv_n; returns how many results are not finite."""
     nonfinite = 0
     for i in range(total.shape[0]):
-        a = _bits(total[i]) & 0x7FFFFFFF
-        finite = a < 0x7F800000
-        amax = max(amax, a if finite else 0)
-        nonfinite += 0 if finite else 1
-    scale = _float(amax) / _Q_MAX
-    if scale == _ZERO:
-        q_out[:] = 0
-    else:
-        for i in range(total.shape[0]):
-            x = total[i]
-            x = x if abs(x) < _INF else _ZERO
-            q_out[i] = np.int8(_quantize(x, scale))
-    return scale, nonfinite
+        v = total[i] * inv_n
+        total[i] = v
+        nonfinite += 0 if abs(v) < _INF else 1
+    return nonfinite
 
 
 @njit(parallel=True, cache=True)
-def _dequant_reduce_requant(q_in, scales_in, q_out, scales_out, block):
-    m = q_in.shape[1]
+def _sum_fp16(payloads, out, inv_n):
+    k, m = payloads.shape
     bad = 0
-    for b in prange(scales_out.shape[0]):
+    for c in prange((m + _SUM_CHUNK - 1) // _SUM_CHUNK):
+        start = c * _SUM_CHUNK
+        stop = min(start + _SUM_CHUNK, m)
+        total = out[start:stop]
+        total[:] = _ZERO
+        for row in range(k):
+            _add_half_row(total, payloads[row, start:stop])
+        bad += _average_chunk(total, inv_n)
+    return bad
+
+
+@njit(parallel=True, cache=True)
+def _sum_bf16(payloads, out, inv_n):
+    k, m = payloads.shape
+    bad = 0
+    for c in prange((m + _SUM_CHUNK - 1) // _SUM_CHUNK):
+        start = c * _SUM_CHUNK
+        stop = min(start + _SUM_CHUNK, m)
+        total = out[start:stop]
+        total[:] = _ZERO
+        for row in range(k):
+            _add_bf16_row(total, payloads[row, start:stop])
+        bad += _average_chunk(total, inv_n)
+    return bad
+
+
+@njit(parallel=True, cache=True)
+def _sum_int8(payloads, scales, out, inv_n, block):
+    """One quantization block per prange iteration: each row's slice of it has one scale."""
+    k, m = payloads.shape
+    bad = 0
+    for b in prange(scales.shape[1]):
         start = b * block
         stop = min(start + block, m)
-        scale, nonfinite = _sum_block(q_in, scales_in, b, start, stop, q_out[start:stop])
-        scales_out[b] = scale
-        bad += nonfinite
+        total = out[start:stop]
+        total[:] = _ZERO
+        for row in range(k):
+            _add_int8_row(total, payloads[row, start:stop], scales[row, b])
+        bad += _average_chunk(total, inv_n)
     return bad
 
 
@@ -408,7 +427,11 @@ def decompress_avg_(payload: torch.Tensor, out: torch.Tensor, inv_n: float,
     return kernel(p, o, inv) > 0
 
 
-def dequant_reduce_requant_(q_in: torch.Tensor, scales_in: torch.Tensor, q_out: torch.Tensor,
-                            scales_out: torch.Tensor, block: int = 512) -> bool:
-    """See `transientvod.ops.dequant_reduce_requant_`."""
-    return _dequant_reduce_requant(_array(q_in), _array(scales_in), _array(q_out), _array(scales_out), block) > 0
+def decompress_sum_(payloads: torch.Tensor, out: torch.Tensor, inv_n: float,
+                    scales: torch.Tensor | None = None, block: int = 512) -> bool:
+    """See `transientvod.ops.decompress_sum_`."""
+    p, o, inv = _array(payloads), _array(out), np.float32(inv_n)
+    if payloads.dtype == torch.int8:
+        return _sum_int8(p, _array(scales), o, inv, block) > 0
+    kernel = _sum_fp16 if payloads.dtype == torch.float16 else _sum_bf16
+    return kernel(p, o, inv) > 0

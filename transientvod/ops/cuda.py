@@ -103,21 +103,20 @@ def decompress_avg_(payload: torch.Tensor, out: torch.Tensor, inv_n: float,
     return bool(flag.item()) if own else None
 
 
-def dequant_reduce_requant_(q_in: torch.Tensor, scales_in: torch.Tensor, q_out: torch.Tensor,
-                            scales_out: torch.Tensor, block: int = 512, *,
-                            flag: torch.Tensor | None = None) -> bool | None:
-    """Sum the k int8 rows (q * scale, in row order, fp32) and requantize into q_out/scales_out."""
-    if q_in.dim() != 2:
-        raise ValueError(f"dequant_reduce_requant_: q_in must be [k, m], not {list(q_in.shape)}.")
-    k, m = q_in.shape
-    blocks = _blocks(m, block)
-    op = "dequant_reduce_requant_"
-    device = _check(op, "q_in", q_in, (torch.int8,), k * m, q_in.device)
-    _check(op, "scales_in", scales_in, (torch.float32,), k * blocks, device)
-    _check(op, "q_out", q_out, (torch.int8,), m, device)
-    _check(op, "scales_out", scales_out, (torch.float32,), blocks, device)
+def decompress_sum_(payloads: torch.Tensor, out: torch.Tensor, inv_n: float,
+                    scales: torch.Tensor | None = None, block: int = 512, *,
+                    flag: torch.Tensor | None = None) -> bool | None:
+    """out = (decode(payloads[0]) + ... + decode(payloads[k-1])) * inv_n, rows summed in order."""
+    op = "decompress_sum_"
+    if payloads.dim() != 2 or payloads.shape[0] < 1:
+        raise ValueError(f"{op}: payloads must be [k, m] with k >= 1, not {list(payloads.shape)}.")
+    k, m = payloads.shape
+    device = _check(op, "payloads", payloads, _PAYLOAD_DTYPES, k * m, payloads.device)
+    _check(op, "out", out, (torch.float32,), m, device)
+    if payloads.dtype == torch.int8:
+        _check(op, "scales", scales, (torch.float32,), k * _blocks(m, block), device)
     flag, own = _flag(op, flag, device)
-    _backend().dequant_reduce_requant_(q_in, scales_in, q_out, scales_out, int(block), flag)
+    _backend().decompress_sum_(payloads, out, float(inv_n), scales, int(block), flag)
     return bool(flag.item()) if own else None
 
 
@@ -219,8 +218,8 @@ class _Extension:
     def decompress_avg_(self, payload, out, inv_n, scales, block, flag):
         self.ops.decompress_avg_(payload, out, inv_n, scales, block, flag)
 
-    def dequant_reduce_requant_(self, q_in, scales_in, q_out, scales_out, block, flag):
-        self.ops.dequant_reduce_requant_(q_in, scales_in, q_out, scales_out, block, flag)
+    def decompress_sum_(self, payloads, out, inv_n, scales, block, flag):
+        self.ops.decompress_sum_(payloads, out, inv_n, scales, block, flag)
 
 
 class _Cupy:
@@ -268,10 +267,14 @@ class _Cupy:
         else:
             self._launch_elementwise(name, n, payload, out, np.float32(inv_n), np.int64(n), flag)
 
-    def dequant_reduce_requant_(self, q_in, scales_in, q_out, scales_out, block, flag):
-        (k, m), np = q_in.shape, self.numpy
-        self._launch_quant("tv_dequant_reduce_requant_i8_kernel", m, block, q_in, scales_in,
-                           np.int32(k), np.int64(m), q_out, scales_out, np.int32(block), flag)
+    def decompress_sum_(self, payloads, out, inv_n, scales, block, flag):
+        (k, m), np = payloads.shape, self.numpy
+        name = f"tv_decompress_sum_{self._KERNELS[payloads.dtype]}_kernel"
+        if payloads.dtype == torch.int8:
+            args = (payloads, scales, np.int32(k), np.int64(m), out, np.float32(inv_n), np.int32(block), flag)
+        else:
+            args = (payloads, np.int32(k), np.int64(m), out, np.float32(inv_n), flag)
+        self._launch(name, m, _ceil_div(m, THREADS), THREADS, args)  # one thread per element
 
     # -- launch plumbing: the same grids as csrc/cuda/compress.cu -----------------------------
 

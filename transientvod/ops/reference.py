@@ -120,17 +120,17 @@ def check_decompress_avg(payload, out, inv_n, scales, block) -> None:
     as_float32("inv_n", inv_n)
 
 
-def check_dequant_reduce_requant(q_in, scales_in, q_out, scales_out, block) -> None:
-    """Raises the ValueError of a bad dequant_reduce_requant_ call."""
-    _tensor("q_in", q_in, (torch.int8,), 2)
-    if q_in.shape[0] < 1:
-        raise ValueError(f"q_in has shape {tuple(q_in.shape)}; it must hold at least one rank's shard.")
-    _tensor("q_out", q_out, (torch.int8,), 1)
-    _same_device({"q_in": q_in, "scales_in": scales_in, "q_out": q_out, "scales_out": scales_out})
-    k, m = q_in.shape
-    _same_numel("q_out", q_out, "each row of q_in", m)
-    _scales("scales_in", scales_in, torch.int8, m, block, dim=2, ranks=k)
-    _scales("scales_out", scales_out, torch.int8, m, block)
+def check_decompress_sum(payloads, out, inv_n, scales, block) -> None:
+    """Raises the ValueError of a bad decompress_sum_ call."""
+    _tensor("payloads", payloads, PAYLOAD_DTYPES, 2)
+    if payloads.shape[0] < 1:
+        raise ValueError(f"payloads has shape {tuple(payloads.shape)}; it must hold at least one rank's copy.")
+    _tensor("out", out, (torch.float32,), 1)
+    _same_device({"payloads": payloads, "out": out, "scales": scales})
+    k, m = payloads.shape
+    _same_numel("out", out, "each row of payloads", m)
+    _scales("scales", scales, payloads.dtype, m, block, dim=2, ranks=k)
+    as_float32("inv_n", inv_n)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,21 +198,23 @@ def reference_decompress_avg_(payload: torch.Tensor, out: torch.Tensor, inv_n: f
     return not bool(torch.isfinite(out).all())
 
 
-def reference_dequant_reduce_requant_(q_in: torch.Tensor, scales_in: torch.Tensor, q_out: torch.Tensor,
-                                      scales_out: torch.Tensor, block: int = 512) -> bool:
-    """The int8 all-to-all step: k ranks' shards of the same m elements are summed and requantized.
+def reference_decompress_sum_(payloads: torch.Tensor, out: torch.Tensor, inv_n: float,
+                              scales: torch.Tensor | None = None, block: int = 512) -> bool:
+    """out = (decode(payloads[0]) + decode(payloads[1]) + ...) * inv_n, in float32.
 
-    sum = q_in[0] * scale_0 + q_in[1] * scale_1 + ... in float32, rank by rank from 0 (the
-    first add is 0 + q_0 * scale_0); then q_out, scales_out = the int8 rule applied to the sum.
-    There is no error feedback on this step: what the requantization drops (at most half a
-    scale per element) is lost. Returns True if any sum is not finite (its q is 0).
+    decode is float32(payload) (int8: q * scale, the row's block scale): what decompress_avg_
+    gives with inv_n = 1. The sum starts from 0.0 and adds the rows in order, one rounding per
+    row, as `total = zeros; total.add_(row)` does (so a -0.0 sums to +0.0, as there); then one
+    multiply by inv_n. Returns True if any element of out is not finite.
     """
-    check_dequant_reduce_requant(q_in, scales_in, q_out, scales_out, block)
-    k, m = q_in.shape
-    total = torch.zeros(m, dtype=torch.float32, device=q_in.device)
-    for rank in range(k):
-        total = total + q_in[rank].float() * _per_element(scales_in[rank], m, block)
-    _, q, _, new_scales, finite = _quantize_int8(total, block)
-    q_out.copy_(q)
-    scales_out.copy_(new_scales)
-    return not bool(finite.all())
+    check_decompress_sum(payloads, out, inv_n, scales, block)
+    inv = as_float32("inv_n", inv_n)
+    k, m = payloads.shape
+    total = torch.zeros(m, dtype=torch.float32, device=payloads.device)
+    for row in range(k):
+        values = payloads[row].float()
+        if payloads.dtype == torch.int8:
+            values = values * _per_element(scales[row], m, block)
+        total = total + values
+    torch.mul(total, inv, out=out)
+    return not bool(torch.isfinite(out).all())
