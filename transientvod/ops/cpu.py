@@ -312,9 +312,11 @@ def _decompress_int8(payload, scales, out, inv_n, block):
 
 
 # decompress_sum_ runs one chunk of elements per prange iteration and, within it, the rows one
-# after another over the chunk's slice of out (the loops over elements innermost, so they
-# vectorize): out holds the running sum, from 0.0, one float32 add per row, then the multiply
-# by inv_n. A chunk of out (8 KB) stays in L1 while the k rows are added into it.
+# after another over the chunk's slice of out (the loops over elements innermost, on slices
+# that start at 0, as the int8 kernels do: see the note above `_ef_block_amax`): out holds the
+# running sum, from 0.0 (0 + -0.0 is +0.0, as in the zeros + copies composition the op
+# replaces), one float32 add per row, then the multiply by inv_n. A chunk of out (8 KB) stays
+# in L1 while the k rows are added into it.
 _SUM_CHUNK = 2048
 
 
