@@ -222,6 +222,39 @@ def sent_bytes(codec: str) -> dict:
     return {"codec": codec, "elements": SIZE, "block": BLOCK, "sent": exchange.wire.sent_bytes}
 
 
+def interface_sent_bytes(interface: str) -> int:
+    """What this process's network namespace has sent on `interface`: the kernel's own counter
+    (/proc/self/net/dev is per namespace), so everything Gloo put on the link, headers included."""
+    for line in open("/proc/self/net/dev"):
+        name, _, counters = line.partition(":")
+        if name.strip() == interface:
+            return int(counters.split()[8])  # receive has 8 columns, then transmit bytes
+    raise SystemExit(f"exchange_probe: no interface {interface!r} in this namespace")
+
+
+def wire_bytes(codec: str, interface: str = "eth0", elements: int = 1 << 21, steps: int = 5) -> dict:
+    """Bytes this host's link carried per exchange step (on a testbed host, one rank per host),
+    beside what the exchange handed Horovod. Synchronous steps between two barriers: after the
+    first barrier every rank is idle, after the second every step's bytes have arrived."""
+    param, exchange = one_param_exchange(elements, codec, block=BLOCK, name=f"wire.{codec}")
+    data = torch.Generator().manual_seed(300 + hvd.rank())
+
+    def one_step(step: int) -> None:
+        exchange.zero_grad()
+        param.grad.normal_(generator=data)
+        exchange.step(step)
+
+    one_step(0)  # the first step negotiates the names with Horovod's coordinator
+    hvd.allreduce(torch.zeros(1), name=f"wire.{codec}.before")
+    link_before, counted_before = interface_sent_bytes(interface), exchange.wire.sent_bytes
+    for step in range(1, steps + 1):
+        one_step(step)
+    hvd.allreduce(torch.zeros(1), name=f"wire.{codec}.after")
+    return {"codec": codec, "elements": elements, "block": BLOCK,
+            "link_per_step": (interface_sent_bytes(interface) - link_before) / steps,
+            "counted_per_step": (exchange.wire.sent_bytes - counted_before) / steps}
+
+
 CHECKS = {
     "bitident": lambda: [{"exchange": train_tiny(True), "distributed_optimizer": train_tiny(False)}],
     "bitident_one_tensor": lambda: [{"exchange": train_tiny(True, one_tensor=True),
@@ -235,6 +268,7 @@ CHECKS = {
     "drain": lambda: [drain_count(c) for c in CODECS],
     "lost_peer": lambda: [lost_peer_reset(c) for c in COMPRESSED],
     "bytes": lambda: [sent_bytes(c) for c in CODECS],
+    "wire_bytes": lambda: [wire_bytes(c) for c in CODECS],  # on a testbed: one rank per host
 }
 
 
