@@ -3,7 +3,6 @@
     python benchmarks/testbed.py soak --minutes 10 --hogs 2     # no false failure, beside CPU hogs
     python benchmarks/testbed.py vanish --repeat 3 --hogs 2     # seconds from a vanish to training again
     python benchmarks/testbed.py revocations                    # Horovod's defaults vs transientvod, real trace time
-    python benchmarks/testbed.py throughput                     # ResNet-32 steps/s by exchange and bandwidth
     python benchmarks/testbed.py notices --repeat 3             # steps/s with notices on and off
 
 Each case makes its own testbed (4 hosts, each host's egress shaped with tbf), runs jobs on
@@ -26,9 +25,6 @@ beside the job, as a loaded machine's other work would be.
   notices (the host leaves at its 30 s notice, commits every step meanwhile). All three run
   on this project's Horovod build, whose ssh keepalive lets the driver learn of a vanished
   worker at all (without it a vanish hangs the job: issue 10).
-- throughput: ResNet-32 (0.46 M parameters, 1.86 MB of fp32 gradient) on the 8x8 digits,
-  batch 16 per worker, 4 hosts at 1gbit and at 100mbit: steps/s for synchronous training and
-  for staleness 2 with codec none, fp16 and int8, compressed from the first step.
 - notices: the tiny job on 4 shaped hosts, discovery from a replayed trace whose first notice
   comes after the job, with notices on (a watcher on every worker) and off (`spot.notices:
   false`: no watcher), alternating, `--repeat` times each. Goal: on within 2 % of off. (Every
@@ -69,7 +65,7 @@ JOB = {
     "cluster": {"min_np": 2, "max_np": 4, "network_interface": "eth0"},
     "tracking": {"enabled": False},
 }
-RESNET32 = {"depth": 32, "width": 16}
+RESNET32 = {"depth": 32, "width": 16}  # benchmarks/exchange.py
 MEASURED_FROM_STEP = 50  # steps/s leave out the start-up before this step
 HOROVOD_GLOO_TIMEOUT = "30"  # Horovod's default (HOROVOD_GLOO_TIMEOUT_SECONDS), on every collective
 
@@ -245,38 +241,7 @@ def revocations(args) -> None:
               + ", ".join(f"({k}) {s:.1f}" for k, s in stalled.items()))
 
 
-# -- throughput and notices ----------------------------------------------------------------------
-
-EXCHANGES = {
-    "sync": {"staleness": 0, "codec": "none"},
-    "s=2 none": {"staleness": 2, "codec": "none"},
-    "s=2 fp16": {"staleness": 2, "codec": "fp16", "compress_after": 0.0},
-    "s=2 int8": {"staleness": 2, "codec": "int8", "compress_after": 0.0},
-}
-
-
-def throughput(args) -> None:
-    table = {}
-    for bandwidth in args.bandwidths.split(","):
-        with testbed("tvdput", args.hosts, bandwidth) as record:
-            for label, exchange in EXCHANGES.items():
-                case = f"throughput-{bandwidth}-{label.replace('=', '').replace(' ', '-')}"
-                with job_directory(args.out, case) as directory:
-                    config = job_config(model=RESNET32, exchange=exchange,
-                                        train={"steps": args.steps, "commit_every": 50, "checkpoint_every": args.steps},
-                                        cluster={"min_np": args.hosts, "max_np": args.hosts})
-                    job = Rehearsal(record, directory, "throughput", config)
-                    run_to_end(job, job.cloud_hosts(), job_env(args.step_seconds), timeout=1800)
-                    table[(bandwidth, label)] = steps_per_second(job)
-                    print(f"{bandwidth} {label}: {table[(bandwidth, label)]:.2f} steps/s", flush=True)
-    print(f"ResNet-32 on {args.hosts} hosts, batch 16/worker, {1000 * args.step_seconds:.0f} ms per step; steps/s "
-          f"(ratio to sync)")
-    print(f"{'bandwidth':<10}" + "".join(f"{label:>18}" for label in EXCHANGES))
-    for bandwidth in args.bandwidths.split(","):
-        sync = table[(bandwidth, "sync")]
-        print(f"{bandwidth:<10}" + "".join(f"{table[(bandwidth, label)]:>10.2f} ({table[(bandwidth, label)] / sync:.2f}x)"
-                                          for label in EXCHANGES))
-
+# -- notices ----------------------------------------------------------------------------------
 
 def notices(args) -> None:
     rates = {"off": [], "on": []}
@@ -306,8 +271,7 @@ def notices(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="case", required=True)
-    cases = {"soak": soak, "vanish": vanish, "revocations": revocations, "throughput": throughput,
-             "notices": notices}
+    cases = {"soak": soak, "vanish": vanish, "revocations": revocations, "notices": notices}
     for case in cases:
         p = sub.add_parser(case)
         p.add_argument("--hosts", type=int, default=4)
@@ -316,11 +280,7 @@ def main() -> None:
         p.add_argument("--out", default="runs/testbed-bench", help="keep each job's directory here ('' to not)")
         p.add_argument("--step-seconds", type=float, default=0.03 if case == "revocations" else 0.01,
                        help="sleep per step on every rank, a stand-in for accelerator time")
-        if case == "throughput":
-            p.add_argument("--bandwidths", default="1gbit,100mbit")
-            p.add_argument("--steps", type=int, default=250)
-        else:
-            p.add_argument("--bandwidth", default="1gbit" if case == "revocations" else "100mbit")
+        p.add_argument("--bandwidth", default="1gbit" if case == "revocations" else "100mbit")
         if case == "soak":
             p.add_argument("--minutes", type=float, default=10.0)
             p.add_argument("--steps-per-second", type=float, default=12.0,

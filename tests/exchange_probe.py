@@ -4,11 +4,14 @@
     horovodrun -np 4 -H localhost:4 --gloo python tests/exchange_probe.py owner_residual
 
 Every check builds its own exchange and drains it before the next one starts, so no op is
-left in flight under a name the next exchange uses.
+left in flight under a name the next exchange uses. TRANSIENTVOD_PROBE_DEVICE=cuda puts the
+exchanged parameters on the GPU (every rank on GPU local_rank % count; tests/gpu/run_checks.sh);
+the data is made on the CPU and copied, so both devices see the same numbers.
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 import zlib
 
@@ -24,18 +27,19 @@ SIZE = 70_000  # above the 64K-element floor, so every codec really compresses
 BLOCK = 512
 # The smallest step each codec can express near 1.0: fp16 and bf16 ulps, an int8 block's scale.
 QUANTUM = {"fp16": 2.0 ** -10, "bf16": 2.0 ** -7, "int8": 1.0 / 127}
+DEVICE = torch.device(os.environ.get("TRANSIENTVOD_PROBE_DEVICE", "cpu"))
 
 
 def checksum(model) -> str:
     crc = 0
     tensors = model.state_dict().values() if isinstance(model, torch.nn.Module) else model
     for t in tensors:
-        crc = zlib.crc32(t.detach().contiguous().numpy().tobytes(), crc)
+        crc = zlib.crc32(t.detach().cpu().contiguous().numpy().tobytes(), crc)
     return f"{crc:08x}"
 
 
 def one_param_exchange(size: int, codec: str, staleness: int = 0, **options):
-    param = torch.nn.Parameter(torch.zeros(size))
+    param = torch.nn.Parameter(torch.zeros(size, device=DEVICE))
     exchange = GradientExchange(torch.optim.SGD([param], lr=1.0), [param], staleness=staleness, codec=codec,
                                 min_compress_elements=0, **options)
     return param, exchange
@@ -69,7 +73,7 @@ def average_error(codec: str) -> dict:
     param.grad.copy_(grads[hvd.rank()])
     exchange.step(0)
     exact = torch.stack([g.double() for g in grads]).mean(0)
-    error = (-param.detach().double() - exact).abs().max().item()
+    error = (-param.detach().cpu().double() - exact).abs().max().item()
     return {"codec": codec, "max_error": error, "max_abs_grad": max(g.abs().max().item() for g in grads)}
 
 
@@ -110,20 +114,20 @@ def owner_residual(steps: int = 200) -> list[dict]:
             else:
                 base[k * part:(k + 1) * part] += 1.0  # large + small in every element
         param, exchange = one_param_exchange(4 * part, codec, staleness=4, block=BLOCK, name=codec)
-        runs[codec] = (g, base, param, exchange)
+        runs[codec] = (g, base.to(DEVICE), param, exchange)
     noise = torch.Generator().manual_seed(1000 + rank)
     for step in range(steps):
         for codec, (g, base, param, exchange) in runs.items():
             exchange.zero_grad()
             param.grad.copy_(base)
-            param.grad[2 * part:].add_(torch.randn(2 * part, generator=noise) * 2 * QUANTUM[codec])
+            param.grad[2 * part:].add_((torch.randn(2 * part, generator=noise) * 2 * QUANTUM[codec]).to(DEVICE))
             exchange.step(step)
     rows = []
     small = torch.ones(part, dtype=torch.bool)
     small[::BLOCK] = False
     for codec, (g, base, param, exchange) in runs.items():
         exchange.drain()
-        delivered = -param.detach().double()
+        delivered = -param.detach().cpu().double()
         row = {"codec": codec, "applied": exchange.applied_steps, "steps": steps}
         for name, k in parts.items():
             values = delivered[k * part:(k + 1) * part]
@@ -150,7 +154,7 @@ def nan_skip(codec: str) -> dict:
 
 def several_buckets(codec: str) -> dict:
     """Three parameters in two buckets, the small first bucket under the compression floor."""
-    params = [torch.nn.Parameter(torch.zeros(n)) for n in (3000, 100, 5000)]
+    params = [torch.nn.Parameter(torch.zeros(n, device=DEVICE)) for n in (3000, 100, 5000)]
     exchange = GradientExchange(torch.optim.SGD(params, lr=1.0), params, staleness=1, codec=codec,
                                 min_compress_elements=4000, bucket_elements=4000)
     for step in range(3):
@@ -161,7 +165,7 @@ def several_buckets(codec: str) -> dict:
         exchange.step(step)
     exchange.drain()
     mean_rank = (hvd.size() + 1) / 2
-    errors = [(-p.detach().double() / 3 - mean_rank * (i + 1)).abs().max().item() for i, p in enumerate(params)]
+    errors = [(-p.detach().cpu().double() / 3 - mean_rank * (i + 1)).abs().max().item() for i, p in enumerate(params)]
     return {"codec": codec, "buckets": [sorted(b.codecs) for b in exchange.buckets], "errors": errors}
 
 
@@ -192,7 +196,7 @@ def drain_count(codec: str, staleness: int = 2, steps: int = 8, reset_at: int = 
         param.grad[step] = 1.0
         exchange.step(step)
     drained.append(exchange.drain())
-    counts = (-param.detach()[:steps + 2]).tolist()
+    counts = (-param.detach()[:steps + 2]).cpu().tolist()
     return {"codec": codec, "counts": counts, "drained": drained, "applied": exchange.applied_steps}
 
 
@@ -204,7 +208,7 @@ def lost_peer_reset(codec: str) -> dict:
     data = torch.Generator().manual_seed(200 + hvd.rank())  # ranks differ: the owner rounds
     for step in range(3):
         exchange.zero_grad()
-        param.grad.normal_(generator=data)
+        param.grad.copy_(torch.randn(SIZE, generator=data))
         exchange.step(step)
     codec_object = exchange.buckets[0].codecs[codec]
     before = [float(codec_object.residual.abs().sum()), float(codec_object.owner_residual.abs().sum())]
@@ -217,7 +221,7 @@ def lost_peer_reset(codec: str) -> dict:
 def sent_bytes(codec: str) -> dict:
     param, exchange = one_param_exchange(SIZE, codec, block=BLOCK)
     exchange.zero_grad()
-    param.grad.normal_()
+    param.grad.copy_(torch.randn(SIZE))
     exchange.step(0)
     return {"codec": codec, "elements": SIZE, "block": BLOCK, "sent": exchange.wire.sent_bytes}
 
@@ -241,7 +245,7 @@ def wire_bytes(codec: str, interface: str = "eth0", elements: int = 1 << 21, ste
 
     def one_step(step: int) -> None:
         exchange.zero_grad()
-        param.grad.normal_(generator=data)
+        param.grad.copy_(torch.randn(elements, generator=data))
         exchange.step(step)
 
     one_step(0)  # the first step negotiates the names with Horovod's coordinator
@@ -275,6 +279,8 @@ CHECKS = {
 def main() -> int:
     hvd.init()
     torch.set_num_threads(1)
+    if DEVICE.type == "cuda":
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     for check in sys.argv[1:] or list(CHECKS):
         for row in CHECKS[check]():
             print(json.dumps({"check": check, "rank": hvd.rank(), "world": hvd.size(), **row}), flush=True)

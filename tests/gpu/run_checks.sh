@@ -5,7 +5,8 @@
 #   3. cuda == cpu.py               each op on CUDA vs the numba kernels, bit for bit, sizes at
 #                                   block boundaries, misaligned views, NaN/Inf (every backend)
 #   4. tests/test_ops.py            the ops' own tests (their CUDA parametrization), every backend
-#   5. benchmarks/kernels.py --device cuda
+#   5. tests/test_exchange.py       the exchange on CUDA tensors, every codec, 2-4 ranks (horovodrun)
+#   6. benchmarks/kernels.py --device cuda
 # Backends (TRANSIENTVOD_KERNELS): cuda = the extension, and cupy (NVRTC) when it is installed.
 # Usage: bash tests/gpu/run_checks.sh          (env: PYTHON, default .venv/bin/python)
 # Prints one line per step, then the tail of each failed step's log; exit 0 only if none failed.
@@ -165,7 +166,14 @@ for backend in "${backends[@]}"; do
     fi
 done
 
-# 5. the benchmark: its own report, shown before the summary
+# 5. the exchange itself on CUDA tensors: every codec, through horovodrun on this host (2, 3 and 4
+#    ranks, sharing the GPUs there are: rank r on GPU r % count). With one GPU, a Horovod built
+#    with NCCL may refuse several ranks on one device ("Duplicate GPU detected"); its log says so.
+step "pytest tests/test_exchange.py on CUDA tensors (TRANSIENTVOD_PROBE_DEVICE=cuda)" \
+    env TRANSIENTVOD_PROBE_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_exchange.py \
+    -k "not host_removed"
+
+# 6. the benchmark: its own report, shown before the summary
 if [[ -f benchmarks/kernels.py ]]; then
     step "benchmarks/kernels.py --device cuda" "$PY" benchmarks/kernels.py --device cuda
     echo "== benchmarks/kernels.py --device cuda (last lines)"

@@ -1,0 +1,140 @@
+"""The gradient exchange on a network: how much time each codec and staleness spends communicating.
+
+    python benchmarks/exchange.py                                  # root: 4 hosts, 1,000 steps per run
+    python benchmarks/exchange.py --steps 300 --bandwidths unshaped,25mbit
+
+ResNet-32 (0.46 M parameters, 1.86 MB of fp32 gradient) on the 8x8 digits, batch 16 per
+worker, one worker on each of 4 namespaced hosts that horovodrun reaches over SSH
+(`transientvod train` on the testbed's head), codecs from the first step. Every exchange runs
+at every bandwidth: unshaped links, then each host's egress shaped with tbf. All workers share
+this machine's cores, so the computation caps any speed-up; the exchange is judged by its
+communication time instead: a step's time on shaped links minus its time unshaped, for the same
+exchange, measured in the same run of this script. Steps/s leave out start-up (from step 50).
+
+Goals (issue 12), printed with what was measured:
+- fp16 cuts the communication time >= 1.8x against `none` (its bytes: 2x), int8 >= 3.2x
+  (its bytes: about 3.9x), both at staleness 0;
+- staleness 2 hides at least half of the communication time left at staleness 0, for every
+  codec, and its steps/s are never below staleness 0's;
+- final accuracy within 1 point of `none` at staleness 0 (unshaped);
+- on unshaped links no codec costs more than 10 % of steps/s against `none` at the same staleness.
+
+`none` at staleness 0 is the product's synchronous path (hvd.DistributedOptimizer, whose
+allreduce overlaps backward); every other row is transientvod's GradientExchange.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from testbed import RESNET32, job_config, job_directory, job_env, run_to_end, steps_per_second, testbed  # noqa: E402
+from transientvod.testbed import cluster  # noqa: E402
+from transientvod.testbed.rehearsal import Rehearsal  # noqa: E402
+
+EXCHANGES = [(codec, staleness) for staleness in (0, 2) for codec in ("none", "fp16", "int8")]
+UNSHAPED = "unshaped"
+CUT_GOALS = {"fp16": 1.8, "int8": 3.2}  # communication time of none / of the codec, at staleness 0
+HIDDEN_GOAL = 0.5  # of staleness 0's communication time, hidden by staleness 2
+ACCURACY_POINTS = 1.0
+UNSHAPED_COST = 0.10
+
+
+def run_exchange(record, out: str, bandwidth: str, codec: str, staleness: int, steps: int,
+                 step_seconds: float) -> tuple[float, float]:
+    """One job: (steps/s, final test accuracy)."""
+    exchange = {"codec": codec, "staleness": staleness, "compress_after": 0.0}
+    with job_directory(out, f"exchange-{bandwidth}-{codec}-s{staleness}") as directory:
+        config = job_config(model=RESNET32, exchange=exchange,
+                            train={"steps": steps, "commit_every": 50, "checkpoint_every": steps},
+                            cluster={"min_np": len(record.layout.hosts), "max_np": len(record.layout.hosts)})
+        job = Rehearsal(record, directory, "exchange", config)
+        run_to_end(job, job.cloud_hosts(), job_env(step_seconds), timeout=max(1800, steps * 3))
+        return steps_per_second(job), job.summary()["test_accuracy"]
+
+
+def measure(args) -> dict:
+    """(bandwidth, codec, staleness) -> (steps/s, accuracy); one testbed per bandwidth."""
+    results = {}
+    for bandwidth in args.bandwidths.split(","):
+        with testbed("tvdxchg", args.hosts, "" if bandwidth == UNSHAPED else bandwidth) as record:
+            for codec, staleness in EXCHANGES:
+                rate, accuracy = run_exchange(record, args.out, bandwidth, codec, staleness, args.steps,
+                                              args.step_seconds)
+                results[(bandwidth, codec, staleness)] = (rate, accuracy)
+                print(f"{bandwidth} {codec} s={staleness}: {rate:.2f} steps/s, accuracy {100 * accuracy:.2f} %",
+                      flush=True)
+    return results
+
+
+def communication_ms(results: dict, bandwidth: str, codec: str, staleness: int) -> float:
+    """A step's time at `bandwidth` minus its time unshaped, in ms."""
+    shaped, unshaped = results[(bandwidth, codec, staleness)][0], results[(UNSHAPED, codec, staleness)][0]
+    return 1000 * (1 / shaped - 1 / unshaped)
+
+
+def report(results: dict, args) -> None:
+    bandwidths = args.bandwidths.split(",")
+    shaped = [b for b in bandwidths if b != UNSHAPED]
+    print(f"\nResNet-32, {args.hosts} hosts, batch 16/worker, {args.steps} steps per run, "
+          f"{1000 * args.step_seconds:.0f} ms of sleep per step; steps/s, and communication ms/step "
+          f"(step time shaped - unshaped)")
+    print(f"{'codec':<6}{'s':>3}" + "".join(f"{b:>10}" for b in bandwidths)
+          + "".join(f"{'comm ' + b:>14}" for b in shaped) + f"{'accuracy %':>12}")
+    for codec, staleness in EXCHANGES:
+        row = f"{codec:<6}{staleness:>3}" + "".join(f"{results[(b, codec, staleness)][0]:>10.2f}" for b in bandwidths)
+        if UNSHAPED in bandwidths:
+            row += "".join(f"{communication_ms(results, b, codec, staleness):>14.1f}" for b in shaped)
+        row += f"{100 * results[(bandwidths[0], codec, staleness)][1]:>12.2f}"
+        print(row)
+    if UNSHAPED not in bandwidths:
+        print("(no unshaped run: communication times and goals need one)")
+        return
+    print("\nGoals:")
+    for bandwidth in shaped:
+        none_ms = communication_ms(results, bandwidth, "none", 0)
+        for codec, goal in CUT_GOALS.items():
+            cut = none_ms / communication_ms(results, bandwidth, codec, 0)
+            verdict(f"{bandwidth}: {codec} cuts communication {cut:.2f}x against none (goal >= {goal}x)", cut >= goal)
+        for codec in ("none", "fp16", "int8"):
+            at_0, at_2 = (communication_ms(results, bandwidth, codec, s) for s in (0, 2))
+            hidden = 1 - at_2 / at_0
+            verdict(f"{bandwidth}: s=2 hides {hidden:.0%} of {codec}'s communication ({at_0:.0f} -> {at_2:.0f} ms; "
+                    f"goal >= {HIDDEN_GOAL:.0%})", hidden >= HIDDEN_GOAL)
+            rate_0, rate_2 = (results[(bandwidth, codec, s)][0] for s in (0, 2))
+            verdict(f"{bandwidth}: {codec} s=2 {rate_2:.2f} steps/s >= s=0 {rate_0:.2f}", rate_2 >= rate_0)
+    reference = results[(UNSHAPED, "none", 0)][1]
+    for codec, staleness in EXCHANGES:
+        accuracy = results[(UNSHAPED, codec, staleness)][1]
+        verdict(f"{codec} s={staleness}: accuracy {100 * accuracy:.2f} % vs none s=0 {100 * reference:.2f} % "
+                f"(goal within {ACCURACY_POINTS:g} point)", abs(accuracy - reference) * 100 <= ACCURACY_POINTS)
+        if codec != "none":
+            cost = 1 - results[(UNSHAPED, codec, staleness)][0] / results[(UNSHAPED, "none", staleness)][0]
+            verdict(f"unshaped: {codec} s={staleness} costs {cost:+.1%} of none's steps/s (goal <= "
+                    f"{UNSHAPED_COST:.0%})", cost <= UNSHAPED_COST)
+
+
+def verdict(text: str, met: bool) -> None:
+    print(f"  {'met    ' if met else 'NOT MET'} {text}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hosts", type=int, default=4)
+    parser.add_argument("--bandwidths", default=f"{UNSHAPED},100mbit,25mbit",
+                        help=f"'{UNSHAPED}' and tc rates, comma-separated; the goals need '{UNSHAPED}'")
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--step-seconds", type=float, default=0.0,
+                        help="sleep per step on every rank, a stand-in for accelerator time")
+    parser.add_argument("--out", default="runs/exchange-bench", help="keep each job's directory here ('' to not)")
+    args = parser.parse_args()
+    if args.steps <= 100:
+        parser.error(f"--steps is {args.steps}; steps/s are measured from step 50, so give at least 100")
+    cluster.preflight()
+    report(measure(args), args)
+
+
+if __name__ == "__main__":
+    main()
