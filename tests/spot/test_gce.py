@@ -266,17 +266,22 @@ def assert_one_sentence(error: Exception, *names: str) -> None:
 # --- states, names and slots ----------------------------------------------------------------------
 
 
-def test_statuses_map_to_usable_noticed_gone_and_not_yet(cloud):
+def test_statuses_map_to_usable_noticed_gone_and_not_yet(cloud, caplog):
     for name, status in (("running", "RUNNING"), ("stopping", "STOPPING"), ("suspending", "SUSPENDING"),
-                         ("terminated", "TERMINATED"), ("suspended", "SUSPENDED"), ("repairing", "REPAIRING"),
-                         ("provisioning", "PROVISIONING"), ("staging", "STAGING")):
+                         ("pending-stop", "PENDING_STOP"), ("terminated", "TERMINATED"), ("suspended", "SUSPENDED"),
+                         ("repairing", "REPAIRING"), ("provisioning", "PROVISIONING"), ("staging", "STAGING"),
+                         ("future", "HIBERNATING")):
         cloud.state.add(name, status=status)
+    provider = cloud.provider(zone=ZONES[0])
 
-    hosts = by_id(cloud.provider(zone=ZONES[0]).poll(NOW))
+    hosts = by_id(provider.poll(NOW))
 
     assert {name: h.state for name, h in hosts.items()} == {
-        "running": USABLE, "stopping": NOTICED, "suspending": NOTICED,
-        "terminated": GONE, "suspended": GONE, "repairing": GONE}  # provisioning and staging: not yet
+        "running": USABLE, "stopping": NOTICED, "suspending": NOTICED, "pending-stop": NOTICED,
+        "terminated": GONE, "suspended": GONE, "repairing": GONE, "future": GONE}  # provisioning, staging: not yet
+    provider.poll(NOW + 2)
+    assert [r.getMessage() for r in caplog.records if "HIBERNATING" in r.getMessage()] == [
+        "instance future has status 'HIBERNATING', which this provider does not know; it counts as gone."]
     assert hosts["running"].notice_at is None and hosts["running"].terminate_at is None
     assert hosts["stopping"].notice_at == NOW
     assert hosts["stopping"].terminate_at == NOW + GCE_PREEMPTION_NOTICE_SECONDS
@@ -296,6 +301,12 @@ def test_a_preemption_is_noticed_once_then_gone_under_the_name_it_ran_with(cloud
     cloud.state.instances[ZONES[0]][0]["networkInterfaces"] = [{"name": "nic0"}]  # a stopped VM may lose it
     gone = provider.poll(NOW + 40)[0]
     assert (gone.name, gone.state, gone.instance_id) == ("10.128.0.11", GONE, "vm-1")
+    # The bill ends a revoked host at terminate_at, so the gone host keeps its notice.
+    assert (gone.notice_at, gone.terminate_at) == (NOW + 2, NOW + 2 + GCE_PREEMPTION_NOTICE_SECONDS)
+
+    cloud.state.set_status("vm-1", "RUNNING")  # started again: a new life, no notice
+    again = provider.poll(NOW + 100)[0]
+    assert (again.state, again.notice_at, again.terminate_at) == (USABLE, None, None)
 
 
 def test_a_deleted_instance_is_gone_for_a_while_then_forgotten(cloud):

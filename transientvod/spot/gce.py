@@ -95,10 +95,7 @@ def host_status(instance: dict) -> str | None:
         return USABLE
     if status in NOTICED_STATUSES:
         return NOTICED
-    if status not in GONE_STATUSES:
-        log.warning("instance %s has status %r, which this provider does not know; it counts as gone.",
-                    instance.get("name"), status)
-    return GONE
+    return GONE  # GONE_STATUSES, and a status this module does not know: not usable either way
 
 
 class GceProvider(SpotProvider):
@@ -127,6 +124,7 @@ class GceProvider(SpotProvider):
         # is reported gone under the name it ran with.
         self._seen: dict[tuple[str, str], tuple[HostStatus, float]] = {}
         self._noticed_at: dict[tuple[str, str], float] = {}
+        self._unknown_statuses: set[str] = set()
 
     def poll(self, now: float) -> list[HostStatus]:
         instances = [i for i in self._job_instances() if self._carries_label(i)]
@@ -179,18 +177,24 @@ class GceProvider(SpotProvider):
         state = host_status(instance)
         if state is None:
             return None
+        status = instance.get("status", "")
+        if state == GONE and status not in GONE_STATUSES and status not in self._unknown_statuses:
+            self._unknown_statuses.add(status)  # said once, not at every poll
+            log.warning("instance %s has status %r, which this provider does not know; it counts as gone.",
+                        key[1], status)
         name = self._host_name(instance) or (self._seen[key][0].name if key in self._seen else "")
         if not name:
             if state == USABLE:
                 log.warning("instance %s runs but has no internal IP yet; it joins the job once it has one.", key[1])
                 return None
             name = key[1]
-        notice_at = terminate_at = None
         if state == NOTICED:
-            notice_at = self._noticed_at.setdefault(key, now)
-            terminate_at = notice_at + GCE_PREEMPTION_NOTICE_SECONDS
+            self._noticed_at.setdefault(key, now)
         elif state == USABLE:
             self._noticed_at.pop(key, None)  # a VM started again is a new life
+        # A gone host keeps the notice it had: the bill ends a revoked host at terminate_at.
+        notice_at = self._noticed_at.get(key)
+        terminate_at = notice_at + GCE_PREEMPTION_NOTICE_SECONDS if notice_at is not None else None
         return HostStatus(name=name, slots=self._slots(instance), state=state, instance_id=key[1],
                           notice_at=notice_at, terminate_at=terminate_at)
 
