@@ -6,8 +6,8 @@ A job's hosts are the instances that carry the label ``transientvod-job=<job>`` 
 (``aggregatedList``), following ``nextPageToken``, and says, per instance:
 
 - ``usable``: status RUNNING;
-- ``noticed``: status STOPPING, SUSPENDING or PENDING_STOP: its guest still runs for the
-  shutdown period, so the job can commit and let it go gracefully;
+- ``noticed``: status STOPPING, SUSPENDING or PENDING_STOP (the guest is being shut down
+  or suspended);
 - ``gone``: TERMINATED, STOPPED, SUSPENDED, REPAIRING, DEPROVISIONING (or a status this
   module does not know), or an instance it listed before that is no longer listed (a spot VM
   whose termination action is DELETE, or one deleted by hand).
@@ -16,19 +16,24 @@ PROVISIONING, STAGING and PENDING instances are left out, as the AWS provider le
 pending ones: they are not part of the job until they run.
 
 Why a preemption is ``noticed`` on STOPPING: the instance resource has no "preempted" field.
-Compute Engine preempts a VM by sending its guest an ACPI soft-off, waiting up to 30 seconds,
-then stopping it (status TERMINATED) or deleting it, depending on
-``scheduling.instanceTerminationAction``; during those seconds the API shows STOPPING, the same
-status as a stop someone asked for, and either way the host is leaving. The notice is dated
+Compute Engine preempts a spot VM by sending its guest an ACPI soft-off, waiting up to 30
+seconds, then stopping it (status TERMINATED) or deleting it, as
+``scheduling.instanceTerminationAction`` says. The instance lifecycle page
+(https://cloud.google.com/compute/docs/instances/instance-lifecycle) defines STOPPING as
+Compute Engine shutting the guest down before a stop or a delete, whoever asked for it, and
+PENDING_STOP as a graceful shutdown before one: either way the host is leaving, and its guest
+still runs for a few seconds in which the job can commit. The notice is dated
 when the watcher first saw it and its end 30 seconds later (GCE's documented preemption
 notice; a requested stop may allow more). The one API record that says "preemption" is a
 ``compute.instances.preempted`` zone operation, a third call this provider does not make:
 each worker hears its own preemption sooner from the metadata server (notice_gce.py).
 
 Why the REST API through google-auth, not the google-cloud-compute client: listing instances
-is two GET calls; google-auth is one small library that finds Application Default Credentials
-and refreshes their token, while google-cloud-compute is a large generated client (gRPC-era
-protobuf types, google-api-core) for the whole API, for those two calls.
+is two GET calls. google-auth is one small library, already installed with mlflow, that finds
+Application Default Credentials and refreshes their token; google-cloud-compute is a large
+generated client for the whole API (proto-plus types over protobuf and google-api-core), a
+new dependency for those two calls. Plain JSON over HTTP also lets the tests answer from a
+loopback server with the documented response shapes.
 
 Credentials are Application Default Credentials (``gcloud auth application-default login``,
 GOOGLE_APPLICATION_CREDENTIALS, or the VM's service account); they need the permission
