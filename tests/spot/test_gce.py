@@ -493,6 +493,15 @@ def test_a_refused_or_unreachable_token_endpoint_is_named(cloud, monkeypatch):
     assert_one_sentence(raised.value, "token endpoint", "network")
 
 
+def test_a_token_the_api_rejects_is_named(cloud):
+    cloud.state.token_answer = (200, {"access_token": "ya29.a-token-the-api-does-not-know", "expires_in": 3600})
+    with pytest.raises(ProviderError) as raised:
+        cloud.provider().poll(NOW)
+    assert_one_sentence(raised.value, "rejected the credentials", "invalid authentication credentials",
+                        "gcloud auth application-default login")
+    assert cloud.state.refreshes > 1  # google-auth refreshed again on the 401 before giving up
+
+
 def test_options_are_checked(cloud):
     with pytest.raises(ValueError, match="host_name is 'public-ip'"):
         cloud.provider(host_name="public-ip")

@@ -303,7 +303,7 @@ def _google_error(response: requests.Response) -> tuple[str, set]:
     except (ValueError, AttributeError):
         error = None
     if not isinstance(error, dict):
-        return (response.reason or "no message").rstrip("."), set()
+        return _first_line(response.reason or "no message"), set()
     reasons = {e.get("reason") for e in error.get("errors") or [] if isinstance(e, dict)}
     reasons |= {d.get("reason") for d in error.get("details") or [] if isinstance(d, dict)}
     return _first_line(error.get("message") or response.reason or "no message"), reasons
