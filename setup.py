@@ -40,6 +40,9 @@ setup(
         "pyyaml",
         "scikit-learn",  # ships the embedded default data set (digits)
         "boto3",
+        # the gce provider (spot/gce.py): Application Default Credentials and an authorized
+        # requests session; listed although mlflow brings it today (through databricks-sdk only)
+        "google-auth[requests]",
         "mlflow",
         "matplotlib",  # the cost-versus-accuracy figures
         "psutil",

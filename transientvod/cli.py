@@ -17,7 +17,7 @@
                          | restore HOST | exec -- COMMAND
                                           a real cluster on this machine (root): namespaced hosts with sshd
 
-With `spot.provider` set (trace or aws), `train` starts the watcher itself and uses
+With `spot.provider` set (trace, aws or gce), `train` starts the watcher itself and uses
 launch/spot_hosts.py as the discovery script; `watch` is for running the watcher apart (for
 example on the machine where you run horovodrun by hand).
 
@@ -96,7 +96,7 @@ def cmd_watch(args) -> int:
 
     config = load_config(args.config, args.set)
     if config.spot.provider == "none":
-        raise ConfigError("spot.provider is none; set it to trace or aws to watch spot hosts.")
+        raise ConfigError("spot.provider is none; set it to trace, aws or gce to watch spot hosts.")
     provider = provider_from_config(config.spot, start_time=time.time())
     print(f"transientvod watch: writing {config.host_state_file} every {config.spot.poll_seconds:g} s; "
           f"discovery: python launch/spot_hosts.py --state-file {config.host_state_file}", flush=True)

@@ -47,7 +47,7 @@ def test_unknown_provider_is_one_sentence(tmp_path):
                           timeout=30, cwd=REPO)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        f"transientvod: {config}: spot.provider is 'gcp'; it must be one of none, trace, aws."]
+        f"transientvod: {config}: spot.provider is 'gcp'; it must be one of none, trace, aws, gce."]
 
 
 def test_broken_trace_names_the_line(tmp_path):

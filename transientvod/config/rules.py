@@ -17,10 +17,15 @@ from transientvod.config.schema import (
     MARKETS,
     MODELS,
     NOTICE_SOURCES,
+    SPOT_HOST_NAMES,
     SPOT_PROVIDERS,
     Config,
     ConfigError,
 )
+
+# A GCE label, as Compute Engine allows it: key=value or a value alone (under transientvod-job);
+# keys start with a lowercase letter, both hold at most 63 lowercase letters, digits, - and _.
+GCE_JOB_LABEL = re.compile(r"^([a-z][a-z0-9_-]{0,62}=)?[a-z0-9_-]{1,63}$")
 
 
 def validate(config: Config, source: str = "config") -> None:
@@ -54,6 +59,11 @@ def validate(config: Config, source: str = "config") -> None:
         fail("tracking.experiment", "is empty; name the MLflow experiment the run goes into.")
     if config.spot.provider == "aws" and not config.spot.job_tag:
         fail("spot.job_tag", "is empty; set it to the value of the transientvod:job tag on the job's instances.")
+    if config.spot.provider in ("aws", "gce"):
+        one_of("spot.host_name", config.spot.host_name, SPOT_HOST_NAMES)
+    if config.spot.provider == "gce" and not GCE_JOB_LABEL.match(config.spot.job_label):
+        fail("spot.job_label", f"is {config.spot.job_label!r}; set it to the job's name (the value of the "
+             "transientvod-job label on its instances) or to key=value, in lowercase letters, digits, - and _.")
     if config.data.dataset == "cifar10" and not config.data.root:
         fail("data.root", "is empty; set it to the directory that holds cifar-10-batches-py/.")
     if (config.model.depth - 2) % 6 or config.model.depth < 8:

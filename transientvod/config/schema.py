@@ -22,7 +22,8 @@ CODECS = ("none", "fp16", "bf16", "int8")
 # and the CPU kernels' stack buffer of INT8_BLOCK_MAX floats. Here, at the bottom of the
 # house, so that a config is checked without torch and ops/ and codecs/ import them.
 INT8_BLOCK_MIN, INT8_BLOCK_MAX = 256, 1024
-SPOT_PROVIDERS = ("none", "trace", "aws")
+SPOT_PROVIDERS = ("none", "trace", "aws", "gce")
+SPOT_HOST_NAMES = ("private-dns", "private-ip")  # what aws and gce call a host (spot.host_name)
 NOTICE_SOURCES = ("none", "aws", "gce", "hoststate")
 # Where a job's servers are billed (billing/ and planner/ read these too).
 CLOUDS = ("gce", "aws")
@@ -121,7 +122,7 @@ class ExchangeConfig:
 class SpotConfig:
     """Where the job's hosts come from. With a provider, the launcher starts the watcher and
     uses launch/spot_hosts.py as the discovery script."""
-    provider: str = "none"  # none (cluster.discovery_script) | trace | aws
+    provider: str = "none"  # none (cluster.discovery_script) | trace | aws | gce
     state_file: str = ""  # "" means <run dir>/hosts.json
     stale_after: float = 30.0  # seconds without a watcher write before discovery reports it stale
     poll_seconds: float = 2.0  # how often the watcher asks the provider
@@ -140,9 +141,14 @@ class SpotConfig:
     job_tag: str = ""  # instances tagged transientvod:job=<job_tag> belong to the job
     region: str = ""
     queue_url: str = ""  # SQS queue fed by the EventBridge interruption/rebalance rules
-    host_name: str = "private-dns"  # or private-ip
-    slots: int = 0  # 0: GPUs per instance type
-    endpoint_url: str = ""
+    # aws and gce
+    host_name: str = "private-dns"  # or private-ip; gce: private-dns is the instance's name (internal DNS)
+    slots: int = 0  # 0: GPUs per instance (aws: its type's; gce: its guestAccelerators)
+    endpoint_url: str = ""  # the API's base URL ("" = the cloud's own; gce: https://compute.googleapis.com)
+    # gce (Compute Engine REST API, Application Default Credentials)
+    job_label: str = ""  # the job's name (label transientvod-job=<name>) or key=value
+    project: str = ""  # "" means the credentials' project (GOOGLE_CLOUD_PROJECT)
+    zone: str = ""  # one zone (instances.list); "" means every zone (aggregatedList)
 
 
 @dataclass

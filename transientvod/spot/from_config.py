@@ -47,4 +47,9 @@ def provider_from_config(spot: SpotConfig, start_time: float) -> SpotProvider:
 
         return AwsProvider(job_tag=spot.job_tag, region=spot.region or None, endpoint_url=spot.endpoint_url or None,
                            queue_url=spot.queue_url or None, host_name=spot.host_name, slots=spot.slots)
-    raise ProviderError(f"spot.provider is {spot.provider!r}; there is no provider to build (use trace or aws).")
+    if spot.provider == "gce":
+        from transientvod.spot.gce import GceProvider
+
+        return GceProvider(job_label=spot.job_label, project=spot.project, zone=spot.zone,
+                           endpoint_url=spot.endpoint_url, host_name=spot.host_name, slots=spot.slots)
+    raise ProviderError(f"spot.provider is {spot.provider!r}; there is no provider to build (use trace, aws or gce).")
