@@ -57,6 +57,26 @@ def test_study_master_revoked_fails_the_run():
     assert one_run([INF, 100.5], STUDY, master_slot=1) == outcome(100.5, 2 * 101.0, 201.0, True, 1)
 
 
+def test_provisioning_is_billed_but_trains_nothing():
+    # 50 s of provisioning, then 200 s of training; both servers billed 250 s, trained 200 s each.
+    results = simulate_runs(np.array([[INF, INF]]), np.ones((1, 2), bool), np.zeros((1, 2)), np.zeros((1, 2, 0)),
+                            np.array(TWO), 400.0, STUDY, start_s=50.0)
+    assert results.time_s[0] == 250.0 and results.billed_seconds[0] == 500.0
+    assert results.training_seconds[0] == 400.0
+    # A worker revoked at 150 s (100 s of training at 2 steps/s = 200 steps): the other 200 at
+    # 1 step/s end at 350 s. Billed 150 + 350, trained 100 + 300.
+    assert one_run([INF, 150.0], STUDY, start_s=50.0) == outcome(350.0, 500.0, revocations=1)
+    results = simulate_runs(np.array([[INF, 150.0]]), np.ones((1, 2), bool), np.zeros((1, 2)), np.zeros((1, 2, 0)),
+                            np.array(TWO), 400.0, STUDY, start_s=50.0)
+    assert results.training_seconds[0] == 400.0
+
+
+def test_a_revocation_during_provisioning_does_not_start_training_early():
+    # ELASTIC: revoked at 10 s with a 30 s recovery; training still starts at 100 s, alone: 400 s.
+    run = one_run([10.0, INF], ELASTIC, recovery_s=30.0, start_s=100.0)
+    assert run == outcome(500.0, 60.0 + 500.0, revocations=1)
+
+
 def test_finishing_at_the_moment_of_a_revocation_finishes_first():
     assert one_run([200.0, INF], STUDY) == outcome(200.0, 400.0)
 
@@ -204,6 +224,8 @@ def arguments(**changes):
     ({"master_slot": 2}, "master_slot is 2; it must be a slot index 0..1"),
     ({"replacement_delay_s": -1}, "replacement_delay_s is -1.0"),
     ({"recovery_s": INF}, "recovery_s is inf"),
+    ({"start_s": -1.0}, "start_s is -1.0"),
+    ({"start_s": 7 * 24 * 3600.0}, "start_s is 604800.0; it must be seconds >= 0 before horizon_s"),
 ])
 def test_wrapper_errors(changes, message):
     with pytest.raises(ValueError, match=message):
@@ -220,7 +242,8 @@ def test_wrapper_accepts_integer_arrays_and_no_runs():
 
 # --- a plain-Python event simulation, matched exactly -----------------------------------------
 
-def reference_run(revoked_at, noticed, lost, lives, throughput, steps, system, recovery_s, delay_s, master, horizon_s):
+def reference_run(revoked_at, noticed, lost, lives, throughput, steps, system, recovery_s, delay_s, master, horizon_s,
+                  start_s=0.0):
     """One run, with a heap of (time, slot, what) events and a list of servers' (start, end):
     other bookkeeping than the kernel's, the same rules and the same float arithmetic."""
     slots, generations = lives.shape
@@ -229,7 +252,8 @@ def reference_run(revoked_at, noticed, lost, lives, throughput, steps, system, r
     server = [0] * slots  # which server of the slot is up or coming
     start = {w: 0.0 for w in range(slots)}  # slots with a server up: since when
     ended = []  # (start, end) of servers already revoked
-    t = done = held = resume_at = 0.0
+    t = done = held = 0.0
+    resume_at = start_s
     revocations, failed = 0, False
     while True:
         t_next = events[0][0] if events else INF
@@ -252,7 +276,7 @@ def reference_run(revoked_at, noticed, lost, lives, throughput, steps, system, r
             start[w] = t
             heapq.heappush(events, (t + lives[w, server[w] - 1], w, "revoked"))
             if system == ELASTIC or (system == RESTART and len(start) == slots):
-                resume_at = t + recovery_s
+                resume_at = max(resume_at, t + recovery_s)
             continue
         g = server[w]
         revocations += 1
@@ -269,15 +293,17 @@ def reference_run(revoked_at, noticed, lost, lives, throughput, steps, system, r
                 done -= min(lost[w, g], done - held)
             held = done
         if system == ELASTIC:
-            resume_at = t + recovery_s
+            resume_at = max(resume_at, t + recovery_s)
             if not start and not events:
                 failed = True
                 break
         if system == RESTART and not replaced:
             failed = True
             break
-    billed = sum(max(60.0, math.ceil(end - begin)) for begin, end in ended + [(s, t) for s in start.values()])
-    return t, failed, revocations, float(billed), done
+    lives_ = ended + [(s, t) for s in start.values()]
+    billed = sum(max(60.0, math.ceil(end - begin)) for begin, end in lives_)
+    training = sum(max(0.0, end - max(begin, start_s)) for begin, end in lives_)
+    return t, failed, revocations, float(billed), done, training
 
 
 def test_kernel_matches_a_plain_python_simulation():
@@ -305,7 +331,8 @@ def test_kernel_matches_a_plain_python_simulation():
         options = {"recovery_s": float(rng.choice([0.0, 10.0, 45.5])),
                    "replacement_delay_s": float(rng.choice([INF, 0.0, 20.0, 120.0])),
                    "master_slot": int(rng.integers(0, slots)),
-                   "horizon_s": float(rng.choice([2000.0, 7 * 24 * 3600.0]))}
+                   "horizon_s": float(rng.choice([2000.0, 7 * 24 * 3600.0])),
+                   "start_s": float(rng.choice([0.0, 0.0, 30.0, 155.5]))}
         steps = float(rng.choice([100.0, 1000.0, 2345.5]))
         results = simulate_runs(revoked_at, noticed, lost, lives, throughput, steps, system, **options)
 
@@ -314,10 +341,12 @@ def test_kernel_matches_a_plain_python_simulation():
         for r in range(runs):
             expected = reference_run(revoked_at[r], noticed3[r], lost3[r], lives[r], throughput, steps, system,
                                      options["recovery_s"], options["replacement_delay_s"], options["master_slot"],
-                                     options["horizon_s"])
+                                     options["horizon_s"], options["start_s"])
             got = (results.time_s[r], results.failed[r], results.revocations[r], results.billed_seconds[r],
                    results.steps_done[r])
-            assert tuple(x.item() for x in got) == expected, f"case {case} run {r}: {options}, system {system}"
+            assert tuple(x.item() for x in got) == expected[:5], f"case {case} run {r}: {options}, system {system}"
+            # Summed in another order: equal up to rounding.
+            assert results.training_seconds[r] == pytest.approx(expected[5], rel=1e-12, abs=1e-9)
 
 
 def test_servers_are_billed_by_the_bills_own_rule():

@@ -17,6 +17,13 @@ run). `throughput[k]` is steps/s with k active workers (throughput[0] = 0). Betw
 steps accrue at the current rate; a run ends when `steps` are done (success), when it fails,
 or at `horizon_s` (a failure: it never finished).
 
+Provisioning: servers are rented (and billed) from t = 0, but no step is taken before
+`start_s`: the time the cloud takes to boot the VMs and the job to start on them (the
+planner fits it to the study's traces, planner/provisioning.py). A revocation during
+provisioning is a revocation like any other. `training_seconds` counts each server's
+seconds after `start_s` (unrounded): the study's measure of a run's cost, which leaves
+provisioning out.
+
 Revocation of slot w at t (counted in `revocations`). Then, by `system`:
 - STUDY (the study's TensorFlow asynchronous parameter-server training): the others keep
   going at once, nothing lost, except that losing the master (`master_slot`) FAILS the run
@@ -88,9 +95,11 @@ class RunResults:
     revocations: np.ndarray
     billed_seconds: np.ndarray
     steps_done: np.ndarray
+    training_seconds: np.ndarray  # server-seconds from start_s on: what the study's measure bills
 
     def __post_init__(self):
-        for array in (self.time_s, self.failed, self.revocations, self.billed_seconds, self.steps_done):
+        for array in (self.time_s, self.failed, self.revocations, self.billed_seconds, self.steps_done,
+                      self.training_seconds):
             array.setflags(write=False)
 
     def summary(self) -> dict:
@@ -110,7 +119,8 @@ class RunResults:
 
 
 def simulate_runs(revoked_at, noticed, lost_steps, replacement_life, throughput, steps, system,
-                  recovery_s=0.0, replacement_delay_s=np.inf, master_slot=0, horizon_s=7 * DAY_S) -> RunResults:
+                  recovery_s=0.0, replacement_delay_s=np.inf, master_slot=0, horizon_s=7 * DAY_S,
+                  start_s=0.0) -> RunResults:
     """Play R runs of a `steps`-step job on W slots (see the module docstring for the model).
 
     revoked_at: float [R, W], seconds after the start at which each slot's first server is
@@ -155,15 +165,20 @@ def simulate_runs(revoked_at, noticed, lost_steps, replacement_life, throughput,
     if not (isinstance(master_slot, (int, np.integer)) and 0 <= master_slot < slots):
         raise ValueError(f"master_slot is {master_slot!r}; it must be a slot index 0..{slots - 1}.")
     horizon_s = _positive("horizon_s", horizon_s)
+    start_s = float(start_s)
+    if not (math.isfinite(start_s) and 0 <= start_s < horizon_s):
+        raise ValueError(f"start_s is {start_s}; it must be seconds >= 0 before horizon_s (the servers' provisioning).")
 
     time_s = np.empty(runs)
     failed = np.empty(runs, dtype=np.bool_)
     revocations = np.empty(runs, dtype=np.int64)
     billed_seconds = np.empty(runs)
     steps_done = np.empty(runs)
+    training_seconds = np.empty(runs)
     _simulate(revoked_at, noticed, lost_steps, replacement_life, throughput, steps, int(system), recovery_s,
-              replacement_delay_s, int(master_slot), horizon_s, time_s, failed, revocations, billed_seconds, steps_done)
-    return RunResults(time_s, failed, revocations, billed_seconds, steps_done)
+              replacement_delay_s, int(master_slot), horizon_s, start_s, time_s, failed, revocations,
+              billed_seconds, steps_done, training_seconds)
+    return RunResults(time_s, failed, revocations, billed_seconds, steps_done, training_seconds)
 
 
 def _real_array(name, values, ndim):
@@ -207,7 +222,8 @@ RUNS_PER_BLOCK = 256
 
 @njit(cache=True, parallel=True)
 def _simulate(revoked_at, noticed, lost_steps, replacement_life, throughput, steps, system, recovery_s,
-              replacement_delay_s, master_slot, horizon_s, time_s, failed, revocations, billed_seconds, steps_done):
+              replacement_delay_s, master_slot, horizon_s, start_s, time_s, failed, revocations, billed_seconds,
+              steps_done, training_seconds):
     runs, slots = revoked_at.shape
     for block in prange((runs + RUNS_PER_BLOCK - 1) // RUNS_PER_BLOCK):
         # Per slot: is a server up, which server it is (0 = original), when it started (billing),
@@ -218,14 +234,14 @@ def _simulate(revoked_at, noticed, lost_steps, replacement_life, throughput, ste
         event_at = np.empty(slots)
         for r in range(block * RUNS_PER_BLOCK, min(runs, (block + 1) * RUNS_PER_BLOCK)):
             _simulate_run(r, revoked_at, noticed, lost_steps, replacement_life, throughput, steps, system,
-                          recovery_s, replacement_delay_s, master_slot, horizon_s, up, server, started, event_at,
-                          time_s, failed, revocations, billed_seconds, steps_done)
+                          recovery_s, replacement_delay_s, master_slot, horizon_s, start_s, up, server, started,
+                          event_at, time_s, failed, revocations, billed_seconds, steps_done, training_seconds)
 
 
 @njit(cache=True)
 def _simulate_run(r, revoked_at, noticed, lost_steps, replacement_life, throughput, steps, system, recovery_s,
-                  replacement_delay_s, master_slot, horizon_s, up, server, started, event_at, time_s, failed,
-                  revocations, billed_seconds, steps_done):
+                  replacement_delay_s, master_slot, horizon_s, start_s, up, server, started, event_at, time_s, failed,
+                  revocations, billed_seconds, steps_done, training_seconds):
     slots = revoked_at.shape[1]
     generations = replacement_life.shape[2]
     up[:] = True
@@ -236,10 +252,14 @@ def _simulate_run(r, revoked_at, noticed, lost_steps, replacement_life, throughp
     t = 0.0
     done = 0.0
     held = 0.0  # steps the job is known to hold (last rollback or commit): no rollback goes below
-    resume_at = 0.0  # the ring re-forms (ELASTIC) or the job restarts (RESTART) until then
+    # No steps before then: the first servers are being provisioned until start_s, later the ring
+    # re-forms (ELASTIC) or the job restarts (RESTART). Events only push it later (max), so a
+    # revocation during provisioning cannot start training early.
+    resume_at = start_s
     active = slots
     revoked = 0
     billed = 0.0
+    training = 0.0
     fail = False
     while True:
         w = 0
@@ -275,13 +295,14 @@ def _simulate_run(r, revoked_at, noticed, lost_steps, replacement_life, throughp
             started[w] = t
             event_at[w] = t + replacement_life[r, w, server[w] - 1]
             if system == ELASTIC or (system == RESTART and active == slots):
-                resume_at = t + recovery_s
+                resume_at = max(resume_at, t + recovery_s)
             continue
 
         # A revocation.
         g = server[w]
         revoked += 1
         billed += _billed(t - started[w])
+        training += max(0.0, t - max(started[w], start_s))
         up[w] = False
         active -= 1
         if g < generations and replacement_delay_s < np.inf and not (system == STUDY and w == master_slot):
@@ -298,7 +319,7 @@ def _simulate_run(r, revoked_at, noticed, lost_steps, replacement_life, throughp
             if not noticed[r, w, g]:
                 done -= min(lost_steps[r, w, g], done - held)
             held = done
-            resume_at = t + recovery_s
+            resume_at = max(resume_at, t + recovery_s)
             if active == 0:
                 coming = False
                 for v in range(slots):
@@ -317,8 +338,10 @@ def _simulate_run(r, revoked_at, noticed, lost_steps, replacement_life, throughp
     for v in range(slots):
         if up[v]:
             billed += _billed(t - started[v])
+            training += max(0.0, t - max(started[v], start_s))
     time_s[r] = t
     failed[r] = fail
     revocations[r] = revoked
     billed_seconds[r] = billed
     steps_done[r] = done
+    training_seconds[r] = training
