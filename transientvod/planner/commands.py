@@ -13,10 +13,16 @@ from pathlib import Path
 from transientvod.planner.scenario import Cluster, Outcome, Simulator, Workload
 from transientvod.planner.study_data import PlanError
 
+# "time h" and "cost $" are the cloud's: wall time and bill from renting the servers, their
+# provisioning included. "train h" and "study $" are the study's measure: training time, and
+# training server-seconds x prices; its tables are that, so compare them with these two.
 COLUMNS = (("configuration", "configuration", "s"), ("fail %", "failure_pct", ".1f"),
            ("revocations", "revocations_mean", ".2f"), ("time h", "time_h_mean", ".3f"),
            ("p50", "time_h_p50", ".3f"), ("p90", "time_h_p90", ".3f"), ("cost $", "cost_usd_mean", ".3f"),
-           ("p50", "cost_usd_p50", ".3f"), ("p90", "cost_usd_p90", ".3f"))
+           ("p50", "cost_usd_p50", ".3f"), ("p90", "cost_usd_p90", ".3f"),
+           ("train h", "training_h_mean", ".3f"), ("study $", "study_cost_usd_mean", ".3f"))
+MEASURES = ("time h and cost $: the cloud's wall time and bill, provisioning included; train h and study $: "
+            "the study's measure, training time and training server-seconds x prices")
 
 
 def parse_list(text: str, what: str, cast=str) -> list:
@@ -83,7 +89,8 @@ def run_simulate(args) -> int:
               else f"the trace {args.trace}" if args.trace else "the study's traces")
     print(f"{args.runs} simulated runs of {workload.steps} steps per configuration, revocations from "
           f"{source} (seed {args.seed}); "
-          "time and cost over the runs that finished:")
+          "time and cost over the runs that finished.")
+    print(MEASURES + ":")
     print(format_rows(rows), end="")
     if args.csv:
         print(f"wrote {write_csv(rows, args.csv)}")

@@ -14,10 +14,20 @@ or from lifetimes (`lifetimes`: each server's revocation drawn from vm_lifetimes
 GPU type; VMs that reached GCE's 24 h limit are censored, never revoked). Replacements, when
 asked for, arrive after `replacement_delay_s` and live a lifetime drawn the same way.
 
-Cost: every worker server billed per second with a one-minute minimum at the study's GCE
-price for its market, plus `parameter_servers` always-on CPU servers at the on-demand PS
-price for the whole run. The study's headline costs count only the GPU servers
-(1 on-demand K80 for 3.91 h at $0.723/h = $2.83), so its comparisons use none.
+A server's life: provisioning (booting and starting the job, billed, no training; fitted
+to the traces, provisioning.py), then training at the cluster's measured speed (the same
+on-demand or transient: the study's revocation-free transient clusters trained as fast as
+its on-demand ones), then revocation or the end.
+
+Two measures of every run, because the cloud and the study count differently:
+- the cloud's bill (`time_h`, `cost_usd`): wall time from renting the servers, and every
+  server billed per second with a one-minute minimum from its start, provisioning included,
+  at the study's GCE price for its market; plus `parameter_servers` always-on CPU servers at
+  the on-demand PS price for the whole run;
+- the study's measure (`training_h`, `study_cost_usd`): training time only, and each
+  server's training seconds times its price (the PS for the training time). The study's
+  tables are this measure, so they are compared with it.
+`--system study` rents one parameter server by default, as the study did; other systems none.
 """
 from __future__ import annotations
 
@@ -29,7 +39,8 @@ import numpy as np
 from transientvod.billing.prices import GCE_ON_DEMAND_USD_PER_HOUR, GCE_SPOT_USD_PER_HOUR
 from transientvod.config import MARKETS
 from transientvod.planner.montecarlo import ELASTIC, RESTART, STUDY, simulate_runs
-from transientvod.planner.speed import SpeedModel, calibrate_k80, scaled, slowdown_for, transient_slowdown
+from transientvod.planner.provisioning import fit_provisioning
+from transientvod.planner.speed import SpeedModel, calibrate_k80, scaled, study_speed
 from transientvod.planner.study_data import TRACE_SIZES, PlanError, gpu_type, load_lifetimes, trace_runs
 
 SYSTEMS = {"study": STUDY, "elastic": ELASTIC, "restart": RESTART}
@@ -45,8 +56,8 @@ REPLACEMENT_GENERATIONS = 4  # replacements per slot the simulation follows
 @dataclass(frozen=True)
 class Workload:
     steps: int = 64000  # the study's ResNet-32 job
-    # Steps/s of ONE server of each type. K80 is calibrated from the study; other types must
-    # be measured by the user (the study timed training only on K80s).
+    # Steps/s of ONE server of a type, overriding the study's (K80 calibrated on its runs,
+    # P100 and V100 from its single-server times).
     single_worker_steps_per_s: dict = field(default_factory=dict)
     commit_every: int = 50  # elastic: at most this many steps lost without a notice
     checkpoint_every: int = 500  # restart: at most this many steps lost per revocation
@@ -64,7 +75,7 @@ class Cluster:
     system: str = "elastic"
     replacement_delay_s: float = math.inf  # inf: revoked servers are not replaced
     notices: bool = True  # a revocation notice arrives first (GCE 30 s, EC2 2 min)
-    parameter_servers: int = 0
+    parameter_servers: int | None = None  # None: 1 for the study's system (it had one), else 0
     # Bounded-staleness training (exchange.staleness > 0) runs this much faster than
     # synchronous training when workers straggle; this project measured 1.32x at s=2 with one
     # of 2 ranks slowed by a random 0..2x of its step time (README, bounded staleness).
@@ -76,6 +87,10 @@ class Cluster:
             raise PlanError(f"market {self.market!r} is not one of {', '.join(MARKETS)}.")
         if self.system not in SYSTEMS:
             raise PlanError(f"system {self.system!r} is not one of {', '.join(SYSTEMS)}.")
+        if self.parameter_servers is None:
+            object.__setattr__(self, "parameter_servers", 1 if self.system == "study" else 0)
+        if not isinstance(self.parameter_servers, int) or self.parameter_servers < 0:
+            raise PlanError(f"parameter servers is {self.parameter_servers!r}; give a whole number, 0 or more.")
         if not isinstance(self.workers, int) or self.workers < 1:
             raise PlanError(f"workers is {self.workers!r}; a cluster needs 1 or more workers.")
         if not self.staleness_speedup > 0:
@@ -87,7 +102,8 @@ class Cluster:
     def label(self) -> str:
         replace = "" if math.isinf(self.replacement_delay_s) else f", replaced after {self.replacement_delay_s:g} s"
         stale = "" if self.staleness_speedup == 1.0 else f", stale {self.staleness_speedup:g}x"
-        return f"{self.workers} x {self.gpu} {self.market} ({self.system}{stale}{replace})"
+        ps = f", {self.parameter_servers} PS" if self.parameter_servers else ""
+        return f"{self.workers} x {self.gpu} {self.market} ({self.system}{ps}{stale}{replace})"
 
 
 @dataclass(frozen=True)
@@ -96,18 +112,21 @@ class Outcome:
 
     cluster: Cluster
     runs: int
-    time_h: np.ndarray  # every run's time to finish or fail
-    cost_usd: np.ndarray  # every run's bill, failed ones up to the failure
-    on_demand_usd: np.ndarray  # the same worker-seconds at on-demand prices
+    time_h: np.ndarray  # every run's wall time to finish or fail, provisioning included
+    cost_usd: np.ndarray  # every run's cloud bill, failed ones up to the failure
+    on_demand_usd: np.ndarray  # the same server-seconds at on-demand prices
     failed: np.ndarray
     revocations: np.ndarray
+    training_h: np.ndarray  # the study's measure: training time only
+    study_cost_usd: np.ndarray  # the study's measure: training server-seconds x prices
 
     def stats(self) -> dict:
         ok = ~self.failed
         row = {"configuration": self.cluster.label, "runs": self.runs,
                "failure_pct": 100.0 * float(np.mean(self.failed)),
                "revocations_mean": float(np.mean(self.revocations))}
-        for name, values in (("time_h", self.time_h[ok]), ("cost_usd", self.cost_usd[ok])):
+        for name, values in (("time_h", self.time_h[ok]), ("cost_usd", self.cost_usd[ok]),
+                             ("training_h", self.training_h[ok]), ("study_cost_usd", self.study_cost_usd[ok])):
             for stat, fn in (("mean", np.mean), ("p50", np.median), ("p90", lambda v: np.percentile(v, 90))):
                 row[f"{name}_{stat}"] = float(fn(values)) if values.size else math.nan
         return row
@@ -123,16 +142,17 @@ class Simulator:
         self.seed = seed
         self.recovery_s = recovery_s
         self._k80 = calibrate_k80()
-        self._slowdown, self.slowdown_source = transient_slowdown()
+        self.provisioning = fit_provisioning()
         self._lifetimes = {}
+        self._speeds = {}
 
     def speed(self, gpu: str) -> SpeedModel:
-        if gpu == "k80" and "k80" not in self.workload.single_worker_steps_per_s:
-            return self._k80
-        if gpu not in self.workload.single_worker_steps_per_s:
-            raise PlanError(f"no training speed for {gpu}: the study timed only K80s; measure one {gpu} server "
-                            f"and pass --speed {gpu}=STEPS_PER_SECOND.")
-        return scaled(self._k80, gpu, self.workload.single_worker_steps_per_s[gpu])
+        """The override (--speed) if given, else the study's speed of that type."""
+        if gpu in self.workload.single_worker_steps_per_s:
+            return scaled(self._k80, gpu, self.workload.single_worker_steps_per_s[gpu])
+        if gpu not in self._speeds:
+            self._speeds[gpu] = study_speed(gpu, self._k80)
+        return self._speeds[gpu]
 
     def lifetimes(self, gpu: str):
         if gpu not in self._lifetimes:
@@ -150,9 +170,8 @@ class Simulator:
         if n > speed.max_workers:
             raise PlanError(f"{n} workers is more than the speed model's {speed.max_workers}.")
         throughput = np.array(speed.steps_per_second[:n + 1]) * cluster.staleness_speedup
+        start_s = self.provisioning.seconds(n)
         if cluster.market == "spot":
-            # Transient clusters ran slower than on-demand ones even without revocations.
-            throughput = throughput / slowdown_for(self._slowdown, n)
             revoked_at = self._revocations(cluster, runs, revocations, rng)
         else:
             revoked_at = np.full((runs, n), np.inf)
@@ -167,15 +186,19 @@ class Simulator:
             recovery = {"study": 0.0, "elastic": ELASTIC_RECOVERY_S, "restart": RESTART_RECOVERY_S}[cluster.system]
         result = simulate_runs(revoked_at, noticed, lost_steps, replacement_life, throughput, self.workload.steps,
                                SYSTEMS[cluster.system], recovery_s=recovery,
-                               replacement_delay_s=cluster.replacement_delay_s)
+                               replacement_delay_s=cluster.replacement_delay_s, start_s=start_s)
         price = (GCE_SPOT_USD_PER_HOUR if cluster.market == "spot" else GCE_ON_DEMAND_USD_PER_HOUR)[gpu]
+        ps_price = GCE_ON_DEMAND_USD_PER_HOUR["ps"]
         time_s = np.asarray(result.time_s)
         ps_seconds = np.maximum(60.0, np.ceil(time_s)) * cluster.parameter_servers
         worker_seconds = np.asarray(result.billed_seconds)
-        cost = (worker_seconds * price + ps_seconds * GCE_ON_DEMAND_USD_PER_HOUR["ps"]) / 3600.0
-        on_demand = (worker_seconds * GCE_ON_DEMAND_USD_PER_HOUR[gpu] + ps_seconds * GCE_ON_DEMAND_USD_PER_HOUR["ps"]) / 3600.0
+        cost = (worker_seconds * price + ps_seconds * ps_price) / 3600.0
+        on_demand = (worker_seconds * GCE_ON_DEMAND_USD_PER_HOUR[gpu] + ps_seconds * ps_price) / 3600.0
+        training_s = np.maximum(time_s - start_s, 0.0)
+        study_cost = (np.asarray(result.training_seconds) * price
+                      + training_s * cluster.parameter_servers * ps_price) / 3600.0
         return Outcome(cluster, runs, time_s / 3600.0, cost, on_demand, np.asarray(result.failed),
-                       np.asarray(result.revocations))
+                       np.asarray(result.revocations), training_s / 3600.0, study_cost)
 
     def _revocations(self, cluster: Cluster, runs: int, model: str, rng) -> np.ndarray:
         n = cluster.workers
