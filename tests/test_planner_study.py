@@ -141,3 +141,23 @@ def test_a_trace_of_your_own_is_replayed_and_checked(tmp_path):
     negative.write_text("VM_name,Uptime,Revoked\nr1-master,-5,Revoked\n")
     done = transientvod("simulate", "--workers", "1", "--trace", str(negative))
     assert done.returncode == 2 and "negative" in done.stderr and "line 2" in done.stderr, done.stderr
+
+
+def test_p100_and_v100_speeds_come_from_the_study_and_speed_overrides_them(simulator):
+    from transientvod.planner.study_tables import published_rows
+
+    rows = published_rows()
+    for gpu in ("p100", "v100"):
+        speed = simulator.speed(gpu)
+        assert speed.throughput(1) == pytest.approx(64000 / (rows[f"1 {gpu.upper()} transient"].time_h * 3600))
+        # More servers: K80's shape, scaled.
+        k80 = simulator.speed("k80")
+        assert speed.throughput(4) / speed.throughput(1) == pytest.approx(k80.throughput(4) / k80.throughput(1))
+    faster = Simulator(Workload(single_worker_steps_per_s={"v100": 20.0}), seed=0)
+    outcome = faster.run(Cluster("v100", 1, "on-demand", "study"), 10)
+    assert outcome.training_h[0] == pytest.approx(64000 / 20.0 / 3600)
+    done = transientvod("simulate", "--gpu", "v100", "--workers", "1", "--market", "on-demand", "--system", "study",
+                        "--runs", "10", "--speed", "v100=20")
+    assert done.returncode == 0, done.stderr
+    row = next(line for line in done.stdout.splitlines() if line.startswith("1 x v100 on-demand"))
+    assert row.split()[-2] == f"{64000 / 20.0 / 3600:.3f}", row  # train h
