@@ -77,6 +77,27 @@ def test_a_revocation_during_provisioning_does_not_start_training_early():
     assert run == outcome(500.0, 60.0 + 500.0, revocations=1)
 
 
+def test_a_scheduled_server_joins_after_its_provisioning():
+    # Slot 1 is requested at step 200 (t = 200 s alone at 1 step/s) and trains from 250 s; the
+    # last 150 steps at 2 steps/s: 325 s. Billed 325 + 125 (from the request), trained 325 + 75.
+    results = simulate_runs(np.array([[INF, INF]]), np.ones((1, 2), bool), np.zeros((1, 2)), np.zeros((1, 2, 0)),
+                            np.array(TWO), 400.0, STUDY, join_step=[0.0, 200.0], join_delay_s=50.0)
+    assert (results.time_s[0], results.billed_seconds[0], results.training_seconds[0]) == (325.0, 450.0, 400.0)
+    # Its life counts from the request: revoked 60 s after it, 10 s after it arrived (260 s);
+    # 250 + 20 steps by then, 130 more alone: 390 s. Billed 390 + 60.
+    results = simulate_runs(np.array([[INF, 60.0]]), np.ones((1, 2), bool), np.zeros((1, 2)), np.zeros((1, 2, 0)),
+                            np.array(TWO), 400.0, STUDY, join_step=[0.0, 200.0], join_delay_s=50.0)
+    assert (results.time_s[0], results.revocations[0], results.billed_seconds[0]) == (390.0, 1, 390.0 + 60.0)
+    # Revoked while booting (life 30 s < 50 s): goes as it arrives, trains nothing.
+    results = simulate_runs(np.array([[INF, 30.0]]), np.ones((1, 2), bool), np.zeros((1, 2)), np.zeros((1, 2, 0)),
+                            np.array(TWO), 400.0, STUDY, join_step=[0.0, 200.0], join_delay_s=50.0)
+    assert (results.time_s[0], results.revocations[0], results.training_seconds[0]) == (400.0, 1, 400.0)
+    # Never reached (the master goes first at 100 s): never requested, never billed.
+    results = simulate_runs(np.array([[100.0, INF]]), np.ones((1, 2), bool), np.zeros((1, 2)), np.zeros((1, 2, 0)),
+                            np.array(TWO), 400.0, STUDY, join_step=[0.0, 200.0], join_delay_s=50.0)
+    assert results.failed[0] and results.billed_seconds[0] == 100.0
+
+
 def test_finishing_at_the_moment_of_a_revocation_finishes_first():
     assert one_run([200.0, INF], STUDY) == outcome(200.0, 400.0)
 
@@ -225,6 +246,10 @@ def arguments(**changes):
     ({"replacement_delay_s": -1}, "replacement_delay_s is -1.0"),
     ({"recovery_s": INF}, "recovery_s is inf"),
     ({"start_s": -1.0}, "start_s is -1.0"),
+    ({"join_step": [0.0, 100.0]}, r"join_step must be steps from 0 .* to below steps \(100\)"),
+    ({"join_step": [0.0]}, "join_step has 1 entries; it needs one per slot"),
+    ({"join_step": [10.0, 0.0]}, "the master slot 0 must be in the cluster from the start"),
+    ({"join_delay_s": -1.0}, "join_delay_s is -1.0"),
     ({"start_s": 7 * 24 * 3600.0}, "start_s is 604800.0; it must be seconds >= 0 before horizon_s"),
 ])
 def test_wrapper_errors(changes, message):
@@ -243,25 +268,40 @@ def test_wrapper_accepts_integer_arrays_and_no_runs():
 # --- a plain-Python event simulation, matched exactly -----------------------------------------
 
 def reference_run(revoked_at, noticed, lost, lives, throughput, steps, system, recovery_s, delay_s, master, horizon_s,
-                  start_s=0.0):
-    """One run, with a heap of (time, slot, what) events and a list of servers' (start, end):
-    other bookkeeping than the kernel's, the same rules and the same float arithmetic."""
+                  start_s=0.0, join_step=None, join_delay_s=0.0):
+    """One run, with a heap of (time, slot, what) events and a list of servers' (billed from,
+    trained from, end): other bookkeeping than the kernel's, the same rules and the same float
+    arithmetic."""
     slots, generations = lives.shape
-    events = [(revoked_at[w], w, "revoked") for w in range(slots) if revoked_at[w] < INF]
+    join_step = [0.0] * slots if join_step is None else list(join_step)
+    pending = {w for w in range(slots) if join_step[w] > 0}  # scheduled slots whose step has not come
+    requested = {}  # scheduled slots booting: requested when
+    events = [(revoked_at[w], w, "revoked") for w in range(slots) if revoked_at[w] < INF and w not in pending]
     heapq.heapify(events)
     server = [0] * slots  # which server of the slot is up or coming
-    start = {w: 0.0 for w in range(slots)}  # slots with a server up: since when
-    ended = []  # (start, end) of servers already revoked
+    start = {w: (0.0, start_s) for w in range(slots) if w not in pending}  # up: (billed from, trains from)
+    members = len(start)
+    ended = []  # (billed from, trains from, end) of servers already revoked
     t = done = held = 0.0
     resume_at = start_s
     revocations, failed = 0, False
     while True:
         t_next = events[0][0] if events else INF
+        next_join = min((join_step[w] for w in pending), default=INF)
         rate = throughput[len(start)]
-        if system == RESTART and len(start) < slots:
+        if system == RESTART and len(start) < members:
             rate = 0.0
         resume = max(t, resume_at)
         if rate > 0:
+            t_join = resume + max(next_join - done, 0.0) / rate
+            if t_join <= t_next and t_join < horizon_s:
+                t, done = t_join, max(done, next_join)
+                for w in sorted(pending):
+                    if join_step[w] <= done:
+                        pending.discard(w)
+                        requested[w] = t
+                        heapq.heappush(events, (t + join_delay_s, w, "arrives"))
+                continue
             t_finish = resume + max(steps - done, 0.0) / rate
             if t_finish <= t_next and t_finish <= horizon_s:
                 t, done = t_finish, steps
@@ -273,14 +313,19 @@ def reference_run(revoked_at, noticed, lost, lives, throughput, steps, system, r
             break
         t, w, what = heapq.heappop(events)
         if what == "arrives":
-            start[w] = t
-            heapq.heappush(events, (t + lives[w, server[w] - 1], w, "revoked"))
-            if system == ELASTIC or (system == RESTART and len(start) == slots):
+            if w in requested:
+                start[w] = (requested.pop(w), t)
+                members += 1
+                heapq.heappush(events, (t + max(0.0, revoked_at[w] - join_delay_s), w, "revoked"))
+            else:
+                start[w] = (t, t)
+                heapq.heappush(events, (t + lives[w, server[w] - 1], w, "revoked"))
+            if system == ELASTIC or (system == RESTART and len(start) == members):
                 resume_at = max(resume_at, t + recovery_s)
             continue
         g = server[w]
         revocations += 1
-        ended.append((start.pop(w), t))
+        ended.append((*start.pop(w), t))
         replaced = g < generations and delay_s < INF and not (system == STUDY and w == master)
         if replaced:
             server[w] += 1
@@ -300,9 +345,11 @@ def reference_run(revoked_at, noticed, lost, lives, throughput, steps, system, r
         if system == RESTART and not replaced:
             failed = True
             break
-    lives_ = ended + [(s, t) for s in start.values()]
-    billed = sum(max(60.0, math.ceil(end - begin)) for begin, end in lives_)
-    training = sum(max(0.0, end - max(begin, start_s)) for begin, end in lives_)
+    servers = ended + [(billed_from, trains_from, t) for billed_from, trains_from in start.values()]
+    # The bill's rule (billing.meter): whole seconds rounded up after rounding to microseconds.
+    billed = sum(max(60.0, math.ceil(round(end - begin, 6))) for begin, _, end in servers)
+    billed += sum(max(60.0, math.ceil(round(t - begin, 6))) for begin in requested.values())  # booting at the end
+    training = sum(max(0.0, end - max(trains, start_s)) for _, trains, end in servers)
     return t, failed, revocations, float(billed), done, training
 
 
@@ -334,6 +381,14 @@ def test_kernel_matches_a_plain_python_simulation():
                    "horizon_s": float(rng.choice([2000.0, 7 * 24 * 3600.0])),
                    "start_s": float(rng.choice([0.0, 0.0, 30.0, 155.5]))}
         steps = float(rng.choice([100.0, 1000.0, 2345.5]))
+        # A growing cluster in half the cases: slots other than the master join at a step.
+        join_step = np.zeros(slots)
+        if rng.random() < 0.5:
+            joins = np.round(rng.uniform(0, steps, slots), -1 if grid else 3)
+            join_step = np.where(rng.random(slots) < 0.6, np.minimum(joins, steps - 1), 0.0)
+            join_step[options["master_slot"]] = 0.0
+        options["join_step"] = join_step
+        options["join_delay_s"] = float(rng.choice([0.0, 25.0, 140.0]))
         results = simulate_runs(revoked_at, noticed, lost, lives, throughput, steps, system, **options)
 
         noticed3 = noticed if per_server else np.repeat(noticed[:, :, None], generations + 1, axis=2)
@@ -341,7 +396,7 @@ def test_kernel_matches_a_plain_python_simulation():
         for r in range(runs):
             expected = reference_run(revoked_at[r], noticed3[r], lost3[r], lives[r], throughput, steps, system,
                                      options["recovery_s"], options["replacement_delay_s"], options["master_slot"],
-                                     options["horizon_s"], options["start_s"])
+                                     options["horizon_s"], options["start_s"], join_step, options["join_delay_s"])
             got = (results.time_s[r], results.failed[r], results.revocations[r], results.billed_seconds[r],
                    results.steps_done[r])
             assert tuple(x.item() for x in got) == expected[:5], f"case {case} run {r}: {options}, system {system}"

@@ -24,6 +24,14 @@ provisioning is a revocation like any other. `training_seconds` counts each serv
 seconds after `start_s` (unrounded): the study's measure of a run's cost, which leaves
 provisioning out.
 
+A growing cluster: slot w with `join_step[w] > 0` is empty until the job holds that many
+steps; then its server is requested (billed from then) and joins `join_delay_s` later (its
+provisioning), as an arrival: at once in STUDY, with a `recovery_s` pause in ELASTIC, and in
+RESTART once every slot in the cluster is up. Its `revoked_at` counts from its request (a
+VM's life includes its boot), and a server revoked while booting goes as it arrives. Its
+training seconds count from its arrival. Slots with join_step 0 (the default) are there
+from the start; the master slot must be one of them.
+
 Revocation of slot w at t (counted in `revocations`). Then, by `system`:
 - STUDY (the study's TensorFlow asynchronous parameter-server training): the others keep
   going at once, nothing lost, except that losing the master (`master_slot`) FAILS the run
@@ -120,7 +128,7 @@ class RunResults:
 
 def simulate_runs(revoked_at, noticed, lost_steps, replacement_life, throughput, steps, system,
                   recovery_s=0.0, replacement_delay_s=np.inf, master_slot=0, horizon_s=7 * DAY_S,
-                  start_s=0.0) -> RunResults:
+                  start_s=0.0, join_step=None, join_delay_s=0.0) -> RunResults:
     """Play R runs of a `steps`-step job on W slots (see the module docstring for the model).
 
     revoked_at: float [R, W], seconds after the start at which each slot's first server is
@@ -168,6 +176,16 @@ def simulate_runs(revoked_at, noticed, lost_steps, replacement_life, throughput,
     start_s = float(start_s)
     if not (math.isfinite(start_s) and 0 <= start_s < horizon_s):
         raise ValueError(f"start_s is {start_s}; it must be seconds >= 0 before horizon_s (the servers' provisioning).")
+    join_step = np.zeros(slots) if join_step is None else _real_array("join_step", join_step, 1)
+    if join_step.shape != (slots,):
+        raise ValueError(f"join_step has {join_step.size} entries; it needs one per slot ({slots}).")
+    if not (np.isfinite(join_step).all() and (join_step >= 0).all() and (join_step < steps).all()):
+        raise ValueError(f"join_step must be steps from 0 (in the cluster from the start) to below steps ({steps:g}).")
+    if join_step[master_slot] != 0:
+        raise ValueError(f"the master slot {master_slot} must be in the cluster from the start (join_step 0).")
+    join_delay_s = float(join_delay_s)
+    if not (math.isfinite(join_delay_s) and join_delay_s >= 0):
+        raise ValueError(f"join_delay_s is {join_delay_s}; it must be a finite number of seconds >= 0.")
 
     time_s = np.empty(runs)
     failed = np.empty(runs, dtype=np.bool_)
@@ -176,8 +194,8 @@ def simulate_runs(revoked_at, noticed, lost_steps, replacement_life, throughput,
     steps_done = np.empty(runs)
     training_seconds = np.empty(runs)
     _simulate(revoked_at, noticed, lost_steps, replacement_life, throughput, steps, int(system), recovery_s,
-              replacement_delay_s, int(master_slot), horizon_s, start_s, time_s, failed, revocations,
-              billed_seconds, steps_done, training_seconds)
+              replacement_delay_s, int(master_slot), horizon_s, start_s, join_step, join_delay_s, time_s, failed,
+              revocations, billed_seconds, steps_done, training_seconds)
     return RunResults(time_s, failed, revocations, billed_seconds, steps_done, training_seconds)
 
 
@@ -222,32 +240,47 @@ RUNS_PER_BLOCK = 256
 
 @njit(cache=True, parallel=True)
 def _simulate(revoked_at, noticed, lost_steps, replacement_life, throughput, steps, system, recovery_s,
-              replacement_delay_s, master_slot, horizon_s, start_s, time_s, failed, revocations, billed_seconds,
-              steps_done, training_seconds):
+              replacement_delay_s, master_slot, horizon_s, start_s, join_step, join_delay_s, time_s, failed,
+              revocations, billed_seconds, steps_done, training_seconds):
     runs, slots = revoked_at.shape
     for block in prange((runs + RUNS_PER_BLOCK - 1) // RUNS_PER_BLOCK):
         # Per slot: is a server up, which server it is (0 = original), when it started (billing),
-        # and the slot's one next event: its server's revocation if up, else its replacement's arrival.
+        # when it began to train, and the slot's one next event: its server's revocation if up,
+        # else its replacement's (or scheduled server's) arrival. `pending`: a scheduled slot
+        # whose step has not come; `provisioning`: its server is requested (billed), not arrived.
         up = np.empty(slots, dtype=np.bool_)
         server = np.empty(slots, dtype=np.int64)
         started = np.empty(slots)
+        joined = np.empty(slots)
         event_at = np.empty(slots)
+        pending = np.empty(slots, dtype=np.bool_)
+        provisioning = np.empty(slots, dtype=np.bool_)
         for r in range(block * RUNS_PER_BLOCK, min(runs, (block + 1) * RUNS_PER_BLOCK)):
             _simulate_run(r, revoked_at, noticed, lost_steps, replacement_life, throughput, steps, system,
-                          recovery_s, replacement_delay_s, master_slot, horizon_s, start_s, up, server, started,
-                          event_at, time_s, failed, revocations, billed_seconds, steps_done, training_seconds)
+                          recovery_s, replacement_delay_s, master_slot, horizon_s, start_s, join_step, join_delay_s,
+                          up, server, started, joined, event_at, pending, provisioning,
+                          time_s, failed, revocations, billed_seconds, steps_done, training_seconds)
 
 
 @njit(cache=True)
 def _simulate_run(r, revoked_at, noticed, lost_steps, replacement_life, throughput, steps, system, recovery_s,
-                  replacement_delay_s, master_slot, horizon_s, start_s, up, server, started, event_at, time_s, failed,
-                  revocations, billed_seconds, steps_done, training_seconds):
+                  replacement_delay_s, master_slot, horizon_s, start_s, join_step, join_delay_s, up, server, started,
+                  joined, event_at, pending, provisioning, time_s, failed, revocations, billed_seconds, steps_done,
+                  training_seconds):
     slots = revoked_at.shape[1]
     generations = replacement_life.shape[2]
-    up[:] = True
     server[:] = 0
     started[:] = 0.0
-    event_at[:] = revoked_at[r]
+    joined[:] = start_s
+    provisioning[:] = False
+    active = 0
+    for v in range(slots):
+        pending[v] = join_step[v] > 0.0
+        up[v] = not pending[v]
+        event_at[v] = np.inf if pending[v] else revoked_at[r, v]
+        if up[v]:
+            active += 1
+    members = active  # slots in the cluster (up or waiting for a replacement): RESTART runs with all of them
 
     t = 0.0
     done = 0.0
@@ -256,7 +289,6 @@ def _simulate_run(r, revoked_at, noticed, lost_steps, replacement_life, throughp
     # re-forms (ELASTIC) or the job restarts (RESTART). Events only push it later (max), so a
     # revocation during provisioning cannot start training early.
     resume_at = start_s
-    active = slots
     revoked = 0
     billed = 0.0
     training = 0.0
@@ -267,13 +299,30 @@ def _simulate_run(r, revoked_at, noticed, lost_steps, replacement_life, throughp
             if event_at[v] < event_at[w]:
                 w = v
         t_next = event_at[w]
+        next_join = np.inf
+        for v in range(slots):
+            if pending[v] and join_step[v] < next_join:
+                next_join = join_step[v]
 
         # Progress until the next event, unless the job finishes (or the horizon comes) first.
         rate = throughput[active]
-        if system == RESTART and active < slots:
+        if system == RESTART and active < members:
             rate = 0.0
         resume = max(t, resume_at)
         if rate > 0.0:
+            # A scheduled step before the next event: request its servers (join steps are
+            # below `steps`, so it comes before the finish).
+            t_join = resume + max(next_join - done, 0.0) / rate
+            if t_join <= t_next and t_join < horizon_s:
+                t = t_join
+                done = max(done, next_join)
+                for v in range(slots):
+                    if pending[v] and join_step[v] <= done:
+                        pending[v] = False
+                        provisioning[v] = True
+                        started[v] = t
+                        event_at[v] = t + join_delay_s
+                continue
             t_finish = resume + max(steps - done, 0.0) / rate
             if t_finish <= t_next and t_finish <= horizon_s:
                 t = t_finish
@@ -289,12 +338,20 @@ def _simulate_run(r, revoked_at, noticed, lost_steps, replacement_life, throughp
         t = t_next
 
         if not up[w]:
-            # A replacement arrives; it is billed from now, joining or not.
             up[w] = True
             active += 1
-            started[w] = t
-            event_at[w] = t + replacement_life[r, w, server[w] - 1]
-            if system == ELASTIC or (system == RESTART and active == slots):
+            joined[w] = t
+            if provisioning[w]:
+                # A scheduled server arrives, billed since its request; its life (revoked_at) counts
+                # from the request too, so one revoked while provisioning goes at once.
+                provisioning[w] = False
+                members += 1
+                event_at[w] = t + max(0.0, revoked_at[r, w] - join_delay_s)
+            else:
+                # A replacement arrives; it is billed from now, joining or not.
+                started[w] = t
+                event_at[w] = t + replacement_life[r, w, server[w] - 1]
+            if system == ELASTIC or (system == RESTART and active == members):
                 resume_at = max(resume_at, t + recovery_s)
             continue
 
@@ -302,7 +359,7 @@ def _simulate_run(r, revoked_at, noticed, lost_steps, replacement_life, throughp
         g = server[w]
         revoked += 1
         billed += _billed(t - started[w])
-        training += max(0.0, t - max(started[w], start_s))
+        training += max(0.0, t - max(joined[w], start_s))
         up[w] = False
         active -= 1
         if g < generations and replacement_delay_s < np.inf and not (system == STUDY and w == master_slot):
@@ -338,7 +395,9 @@ def _simulate_run(r, revoked_at, noticed, lost_steps, replacement_life, throughp
     for v in range(slots):
         if up[v]:
             billed += _billed(t - started[v])
-            training += max(0.0, t - max(started[v], start_s))
+            training += max(0.0, t - max(joined[v], start_s))
+        elif provisioning[v]:
+            billed += _billed(t - started[v])  # requested, still booting: billed, never trained
     time_s[r] = t
     failed[r] = fail
     revocations[r] = revoked
