@@ -249,7 +249,8 @@ def arguments(**changes):
     ({"join_step": [0.0, 100.0]}, r"join_step must be steps from 0 .* to below steps \(100\)"),
     ({"join_step": [0.0]}, "join_step has 1 entries; it needs one per slot"),
     ({"join_step": [10.0, 0.0]}, "the master slot 0 must be in the cluster from the start"),
-    ({"join_delay_s": -1.0}, "join_delay_s is -1.0"),
+    ({"join_delay_s": -1.0}, r"join_delay_s is \[-1.0, -1.0\]"),
+    ({"join_delay_s": [1.0, 2.0, 3.0]}, r"join_delay_s needs one value, or one per slot \(2\)"),
     ({"start_s": 7 * 24 * 3600.0}, "start_s is 604800.0; it must be seconds >= 0 before horizon_s"),
 ])
 def test_wrapper_errors(changes, message):
@@ -274,6 +275,7 @@ def reference_run(revoked_at, noticed, lost, lives, throughput, steps, system, r
     arithmetic."""
     slots, generations = lives.shape
     join_step = [0.0] * slots if join_step is None else list(join_step)
+    join_delay_s = np.broadcast_to(join_delay_s, (slots,))
     pending = {w for w in range(slots) if join_step[w] > 0}  # scheduled slots whose step has not come
     requested = {}  # scheduled slots booting: requested when
     events = [(revoked_at[w], w, "revoked") for w in range(slots) if revoked_at[w] < INF and w not in pending]
@@ -300,7 +302,7 @@ def reference_run(revoked_at, noticed, lost, lives, throughput, steps, system, r
                     if join_step[w] <= done:
                         pending.discard(w)
                         requested[w] = t
-                        heapq.heappush(events, (t + join_delay_s, w, "arrives"))
+                        heapq.heappush(events, (t + join_delay_s[w], w, "arrives"))
                 continue
             t_finish = resume + max(steps - done, 0.0) / rate
             if t_finish <= t_next and t_finish <= horizon_s:
@@ -316,7 +318,7 @@ def reference_run(revoked_at, noticed, lost, lives, throughput, steps, system, r
             if w in requested:
                 start[w] = (requested.pop(w), t)
                 members += 1
-                heapq.heappush(events, (t + max(0.0, revoked_at[w] - join_delay_s), w, "revoked"))
+                heapq.heappush(events, (t + max(0.0, revoked_at[w] - join_delay_s[w]), w, "revoked"))
             else:
                 start[w] = (t, t)
                 heapq.heappush(events, (t + lives[w, server[w] - 1], w, "revoked"))
@@ -388,7 +390,8 @@ def test_kernel_matches_a_plain_python_simulation():
             join_step = np.where(rng.random(slots) < 0.6, np.minimum(joins, steps - 1), 0.0)
             join_step[options["master_slot"]] = 0.0
         options["join_step"] = join_step
-        options["join_delay_s"] = float(rng.choice([0.0, 25.0, 140.0]))
+        options["join_delay_s"] = (float(rng.choice([0.0, 25.0, 140.0])) if rng.random() < 0.5
+                                   else rng.choice([0.0, 25.0, 140.0], slots))
         results = simulate_runs(revoked_at, noticed, lost, lives, throughput, steps, system, **options)
 
         noticed3 = noticed if per_server else np.repeat(noticed[:, :, None], generations + 1, axis=2)

@@ -109,6 +109,9 @@ def test_plan_picks_the_fastest_configuration_within_the_budget():
     (["plan", "--budget", "0.2"], "no configuration keeps the risk"),
     (["simulate", "--gpu", "a100"], "'a100'"),
     (["simulate", "--parameter-servers", "-1"], "parameter servers is -1"),
+    (["simulate", "--schedule", "70000:+1"], "at step 70000, but the job has only 64000 steps"),
+    (["simulate", "--schedule", "16000:-1"], "a schedule only adds servers"),
+    (["simulate", "--schedule", "16000"], "must look like 16000:+1"),
     (["simulate", "--workers", "3"], "--revocations lifetimes"),
 ])
 def test_bad_planner_input_is_one_sentence(args, fragment):
@@ -161,3 +164,13 @@ def test_p100_and_v100_speeds_come_from_the_study_and_speed_overrides_them(simul
     assert done.returncode == 0, done.stderr
     row = next(line for line in done.stdout.splitlines() if line.startswith("1 x v100 on-demand"))
     assert row.split()[-2] == f"{64000 / 20.0 / 3600:.3f}", row  # train h
+
+
+def test_simulate_a_growing_cluster_from_the_command_line():
+    done = transientvod("simulate", "--workers", "1", "--market", "on-demand", "--system", "study", "--runs", "10",
+                        "--schedule", "16000:+1,32000:+1,48000:+1")
+    assert done.returncode == 0, done.stderr
+    row = next(line for line in done.stdout.splitlines() if line.startswith("1 x k80 on-demand"))
+    assert "+1 at 16000, +1 at 32000, +1 at 48000" in row
+    # Faster than one K80 (3.911 h of training), slower than four from the start (0.995 h).
+    assert 0.995 < float(row.split()[-2]) < 3.911, row

@@ -194,3 +194,45 @@ def test_single_server_failures_from_lifetimes_beside_the_studys(reference_readm
     # and 43.8 %: those training runs ran in other zones on other days.
     study = published_rows(reference_readme)[f"1 {gpu.upper()} transient"].failed_pct
     assert 100 * outcome.failed.mean() < study / 2
+
+
+# ---- growing clusters: the study's dynamic cluster ------------------------------------------
+
+DYNAMIC = ((16000, 1), (32000, 1), (48000, 1))  # one K80 added every 16K steps, 1 to 4
+
+
+def test_a_growing_on_demand_cluster_trains_segment_by_segment(simulator):
+    """Each added server trains after its provisioning; until then the cluster keeps its size."""
+    speed, provisioning = simulator.speed("k80"), simulator.provisioning
+    expected, done, k = 0.0, 0.0, 1
+    for step, count in DYNAMIC + ((64000, 0),):
+        expected += (step - done) / speed.throughput(k)
+        done = step
+        if count:
+            booting = provisioning.seconds(count)
+            expected += booting
+            done += booting * speed.throughput(k)
+            k += count
+    outcome = simulator.run(Cluster("k80", 1, "on-demand", "study", schedule=DYNAMIC), 10)
+    assert outcome.training_h[0] * 3600 == pytest.approx(expected, rel=1e-9)
+    assert outcome.time_h[0] * 3600 == pytest.approx(expected + provisioning.seconds(1), rel=1e-9)
+
+
+def test_the_studys_dynamic_cluster(reference_readme, simulator):
+    """Transient K80s with the study's PS, revocations from the K80 lifetimes (no trace covers a
+    growing cluster): 45 % faster (study 40.8 %) but 15 % cheaper (study 21.5 %), the cost not
+    reproduced within 5 points (README: the added servers' hours cost more than the PS hours
+    saved, unless the study's baseline or billing differed in a way its data does not show)."""
+    from transientvod.planner.study_tables import published_dynamic_cluster
+
+    faster_pct, cheaper_pct = published_dynamic_cluster(reference_readme)
+    one = simulator.run(Cluster("k80", 1, "spot", "study"), RUNS, "lifetimes")
+    grown = simulator.run(Cluster("k80", 1, "spot", "study", schedule=DYNAMIC), RUNS, "lifetimes")
+
+    def mean(outcome, name):
+        return getattr(outcome, name)[~outcome.failed].mean()
+
+    faster = 100 * (1 - mean(grown, "training_h") / mean(one, "training_h"))
+    cheaper = 100 * (1 - mean(grown, "study_cost_usd") / mean(one, "study_cost_usd"))
+    assert abs(faster - faster_pct) < 5, faster
+    assert 0 < cheaper < cheaper_pct - 5, cheaper  # cheaper, but not by as much: the named miss

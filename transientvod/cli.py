@@ -288,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--runs", type=int, default=10000, help="Monte Carlo runs per configuration")
     simulate.add_argument("--no-notices", action="store_true", help="revocations come without notice")
     simulate.add_argument("--csv", help="also write the table as CSV here")
+    simulate.add_argument("--schedule", metavar="STEP:+N,...",
+                          help="a growing cluster: add N servers when the job reaches STEP (16000:+1,32000:+1)")
     add_workload_arguments(simulate)
     simulate.set_defaults(func=cmd_simulate)
     plan = sub.add_parser("plan", help="search clusters for a budget or a deadline")

@@ -46,6 +46,29 @@ def parse_speeds(items: list[str]) -> dict[str, float]:
     return speeds
 
 
+def parse_schedule(text: str | None) -> tuple:
+    """'16000:+1,32000:+1' -> ((16000, 1), (32000, 1)): servers added at steps."""
+    if not text:
+        return ()
+    schedule = []
+    for item in text.split(","):
+        step, _, count = item.strip().partition(":")
+        try:
+            step, count = int(step), int(count)
+        except ValueError:
+            raise PlanError(f"--schedule entry {item.strip()!r} must look like 16000:+1 (at step 16000, add 1 server).") from None
+        if step <= 0 or count <= 0 or not count_is_signed(item):
+            raise PlanError(f"--schedule entry {item.strip()!r} must add 1 or more servers (+N) at a step above 0; "
+                            "a schedule only adds servers.")
+        schedule.append((step, count))
+    return tuple(schedule)
+
+
+def count_is_signed(item: str) -> bool:
+    """'16000:+1' says it adds; '16000:1' could mean 'become 1', so it is refused."""
+    return item.partition(":")[2].strip().startswith("+")
+
+
 def workload_from(args) -> Workload:
     return Workload(steps=args.steps, single_worker_steps_per_s=parse_speeds(args.speed),
                     commit_every=args.commit_every, checkpoint_every=args.checkpoint_every)
@@ -80,7 +103,7 @@ def run_simulate(args) -> int:
     workload = workload_from(args)
     clusters = [Cluster(gpu, workers, market, system, replacement_delay_s=args.replacement_delay,
                         notices=not args.no_notices, parameter_servers=args.parameter_servers,
-                        staleness_speedup=args.staleness_speedup)
+                        staleness_speedup=args.staleness_speedup, schedule=parse_schedule(args.schedule))
                 for gpu in parse_list(args.gpu, "--gpu") for workers in parse_list(args.workers, "--workers", int)
                 for market in parse_list(args.market, "--market") for system in parse_list(args.system, "--system")]
     simulator = Simulator(workload, seed=args.seed, recovery_s=args.recovery_seconds, trace_path=args.trace)

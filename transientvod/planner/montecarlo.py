@@ -25,8 +25,8 @@ seconds after `start_s` (unrounded): the study's measure of a run's cost, which 
 provisioning out.
 
 A growing cluster: slot w with `join_step[w] > 0` is empty until the job holds that many
-steps; then its server is requested (billed from then) and joins `join_delay_s` later (its
-provisioning), as an arrival: at once in STUDY, with a `recovery_s` pause in ELASTIC, and in
+steps; then its server is requested (billed from then) and joins `join_delay_s` (one value,
+or one per slot) later (its provisioning), as an arrival: at once in STUDY, with a `recovery_s` pause in ELASTIC, and in
 RESTART once every slot in the cluster is up. Its `revoked_at` counts from its request (a
 VM's life includes its boot), and a server revoked while booting goes as it arrives. Its
 training seconds count from its arrival. Slots with join_step 0 (the default) are there
@@ -183,9 +183,12 @@ def simulate_runs(revoked_at, noticed, lost_steps, replacement_life, throughput,
         raise ValueError(f"join_step must be steps from 0 (in the cluster from the start) to below steps ({steps:g}).")
     if join_step[master_slot] != 0:
         raise ValueError(f"the master slot {master_slot} must be in the cluster from the start (join_step 0).")
-    join_delay_s = float(join_delay_s)
-    if not (math.isfinite(join_delay_s) and join_delay_s >= 0):
-        raise ValueError(f"join_delay_s is {join_delay_s}; it must be a finite number of seconds >= 0.")
+    join_delay_s = np.broadcast_to(_real_array("join_delay_s", join_delay_s, None), (slots,)).copy() \
+        if np.size(join_delay_s) in (1, slots) else None
+    if join_delay_s is None:
+        raise ValueError(f"join_delay_s needs one value, or one per slot ({slots}).")
+    if not (np.isfinite(join_delay_s).all() and (join_delay_s >= 0).all()):
+        raise ValueError(f"join_delay_s is {join_delay_s.tolist()}; it must be finite seconds >= 0.")
 
     time_s = np.empty(runs)
     failed = np.empty(runs, dtype=np.bool_)
@@ -321,7 +324,7 @@ def _simulate_run(r, revoked_at, noticed, lost_steps, replacement_life, throughp
                         pending[v] = False
                         provisioning[v] = True
                         started[v] = t
-                        event_at[v] = t + join_delay_s
+                        event_at[v] = t + join_delay_s[v]
                 continue
             t_finish = resume + max(steps - done, 0.0) / rate
             if t_finish <= t_next and t_finish <= horizon_s:
@@ -346,7 +349,7 @@ def _simulate_run(r, revoked_at, noticed, lost_steps, replacement_life, throughp
                 # from the request too, so one revoked while provisioning goes at once.
                 provisioning[w] = False
                 members += 1
-                event_at[w] = t + max(0.0, revoked_at[r, w] - join_delay_s)
+                event_at[w] = t + max(0.0, revoked_at[r, w] - join_delay_s[w])
             else:
                 # A replacement arrives; it is billed from now, joining or not.
                 started[w] = t

@@ -80,6 +80,9 @@ class Cluster:
     # synchronous training when workers straggle; this project measured 1.32x at s=2 with one
     # of 2 ranks slowed by a random 0..2x of its step time (README, bounded staleness).
     staleness_speedup: float = 1.0
+    # A growing cluster: ((step, servers), ...): that many servers are requested when the job
+    # holds `step` steps, and join after their provisioning (the study's "dynamic cluster").
+    schedule: tuple = ()
 
     def __post_init__(self):
         object.__setattr__(self, "gpu", gpu_type(self.gpu))
@@ -95,6 +98,12 @@ class Cluster:
             raise PlanError(f"workers is {self.workers!r}; a cluster needs 1 or more workers.")
         if not self.staleness_speedup > 0:
             raise PlanError(f"the staleness speed-up is {self.staleness_speedup}; it must be positive (1: synchronous).")
+        for item in self.schedule:
+            if not (isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, int) for x in item)):
+                raise PlanError(f"schedule entry {item!r} must be a pair (step, servers) of whole numbers.")
+            if item[0] <= 0 or item[1] <= 0:
+                raise PlanError(f"schedule entry {item[0]}:{item[1]:+d} must add 1 or more servers at a step after 0; "
+                                "a schedule only adds servers.")
         if self.replacement_delay_s < 0:
             raise PlanError(f"the replacement delay is {self.replacement_delay_s} s; it must be 0 or more.")
 
@@ -103,7 +112,8 @@ class Cluster:
         replace = "" if math.isinf(self.replacement_delay_s) else f", replaced after {self.replacement_delay_s:g} s"
         stale = "" if self.staleness_speedup == 1.0 else f", stale {self.staleness_speedup:g}x"
         ps = f", {self.parameter_servers} PS" if self.parameter_servers else ""
-        return f"{self.workers} x {self.gpu} {self.market} ({self.system}{ps}{stale}{replace})"
+        grow = "".join(f", +{count} at {step}" for step, count in self.schedule)
+        return f"{self.workers} x {self.gpu} {self.market} ({self.system}{ps}{stale}{replace}{grow})"
 
 
 @dataclass(frozen=True)
@@ -165,14 +175,18 @@ class Simulator:
         if not isinstance(runs, int) or runs < 1:
             raise PlanError(f"runs is {runs!r}; simulate at least 1 run.")
         rng = np.random.default_rng(self.seed)
-        n, gpu = cluster.workers, cluster.gpu
+        first, gpu = cluster.workers, cluster.gpu
+        join_step, join_delay = self._schedule(cluster)
+        n = join_step.size  # every slot, the scheduled ones included
         speed = self.speed(gpu)
         if n > speed.max_workers:
             raise PlanError(f"{n} workers is more than the speed model's {speed.max_workers}.")
         throughput = np.array(speed.steps_per_second[:n + 1]) * cluster.staleness_speedup
-        start_s = self.provisioning.seconds(n)
+        start_s = self.provisioning.seconds(first)
         if cluster.market == "spot":
             revoked_at = self._revocations(cluster, runs, revocations, rng)
+            if n > first:  # scheduled servers: lives from the lifetimes of their type, counted from the request
+                revoked_at = np.hstack([revoked_at, self.lifetimes(gpu).sample(rng, (runs, n - first))])
         else:
             revoked_at = np.full((runs, n), np.inf)
         lifetimes = self.lifetimes(gpu) if cluster.market == "spot" else None
@@ -186,7 +200,8 @@ class Simulator:
             recovery = {"study": 0.0, "elastic": ELASTIC_RECOVERY_S, "restart": RESTART_RECOVERY_S}[cluster.system]
         result = simulate_runs(revoked_at, noticed, lost_steps, replacement_life, throughput, self.workload.steps,
                                SYSTEMS[cluster.system], recovery_s=recovery,
-                               replacement_delay_s=cluster.replacement_delay_s, start_s=start_s)
+                               replacement_delay_s=cluster.replacement_delay_s, start_s=start_s,
+                               join_step=join_step, join_delay_s=join_delay)
         price = (GCE_SPOT_USD_PER_HOUR if cluster.market == "spot" else GCE_ON_DEMAND_USD_PER_HOUR)[gpu]
         ps_price = GCE_ON_DEMAND_USD_PER_HOUR["ps"]
         time_s = np.asarray(result.time_s)
@@ -199,6 +214,18 @@ class Simulator:
                       + training_s * cluster.parameter_servers * ps_price) / 3600.0
         return Outcome(cluster, runs, time_s / 3600.0, cost, on_demand, np.asarray(result.failed),
                        np.asarray(result.revocations), training_s / 3600.0, study_cost)
+
+    def _schedule(self, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
+        """Per slot: the step at which it is requested (0: from the start), and its provisioning
+        (that of the servers requested with it; 0 for the first ones, whose start_s covers it)."""
+        join_step, join_delay = [0.0] * cluster.workers, [0.0] * cluster.workers
+        for step, count in sorted(cluster.schedule):
+            if step >= self.workload.steps:
+                raise PlanError(f"the schedule adds servers at step {step}, but the job has only "
+                                f"{self.workload.steps} steps (--steps); give steps below it.")
+            join_step += [float(step)] * count
+            join_delay += [self.provisioning.seconds(count)] * count
+        return np.array(join_step), np.array(join_delay)
 
     def _revocations(self, cluster: Cluster, runs: int, model: str, rng) -> np.ndarray:
         n = cluster.workers

@@ -82,3 +82,14 @@ def published_overheads(path: str | os.PathLike | None = None) -> dict[tuple[int
         raise PlanError(f"the study's data README {path} states no revocation overheads '(r = 1): 2 K80 61.7 % / "
                         "14.8 %'.")
     return overheads
+
+
+def published_dynamic_cluster(path: str | os.PathLike | None = None) -> tuple[float, float]:
+    """(% faster, % cheaper) of the study's dynamic cluster (one K80 added every 16K steps)
+    against staying on one K80: "finished 40.8% faster and 21.5% cheaper"."""
+    path, text = _readme(path)
+    found = re.search(_NUMBER + r" ?% faster and " + _NUMBER + r" ?% cheaper", " ".join(text.split()))
+    if not found:
+        raise PlanError(f"the study's data README {path} states no dynamic-cluster result '40.8% faster and 21.5% "
+                        "cheaper'.")
+    return float(found.group(1)), float(found.group(2))
