@@ -98,6 +98,19 @@ def test_a_scheduled_server_joins_after_its_provisioning():
     assert results.failed[0] and results.billed_seconds[0] == 100.0
 
 
+def test_a_mixed_cluster_trains_at_the_rate_of_the_servers_left():
+    # Slot 0 alone: 1 step/s, slot 1 alone: 4 steps/s, both: 2 steps/s (rate_by_set[mask]).
+    rates = [0.0, 1.0, 4.0, 2.0]
+    # The fast slot 1 goes at 100 s (200 steps): 200 more at 1 step/s, 300 s.
+    assert one_run([INF, 100.0], STUDY, rate_by_set=rates) == outcome(300.0, 100.0 + 300.0, revocations=1)
+    # The slow slot 0 goes instead (slot 1 the master): 200 more at 4 steps/s, 150 s.
+    assert one_run([100.0, INF], STUDY, rate_by_set=rates, master_slot=1) == outcome(150.0, 100.0 + 150.0,
+                                                                                     revocations=1)
+    results = simulate_runs(np.array([[100.0, INF]]), np.ones((1, 2), bool), np.zeros((1, 2)), np.zeros((1, 2, 0)),
+                            np.array(TWO), 400.0, STUDY, rate_by_set=rates, master_slot=1)
+    assert results.billed_by_slot[0].tolist() == [100.0, 150.0]
+
+
 def test_finishing_at_the_moment_of_a_revocation_finishes_first():
     assert one_run([200.0, INF], STUDY) == outcome(200.0, 400.0)
 
@@ -249,6 +262,8 @@ def arguments(**changes):
     ({"join_step": [0.0, 100.0]}, r"join_step must be steps from 0 .* to below steps \(100\)"),
     ({"join_step": [0.0]}, "join_step has 1 entries; it needs one per slot"),
     ({"join_step": [10.0, 0.0]}, "the master slot 0 must be in the cluster from the start"),
+    ({"rate_by_set": [0.0, 1.0, 2.0]}, r"rate_by_set has 3 entries; it needs one per set of active slots, 2\*\*2"),
+    ({"rate_by_set": [1.0, 1.0, 2.0, 2.0]}, r"rate_by_set\[0\] = 0"),
     ({"join_delay_s": -1.0}, r"join_delay_s is \[-1.0, -1.0\]"),
     ({"join_delay_s": [1.0, 2.0, 3.0]}, r"join_delay_s needs one value, or one per slot \(2\)"),
     ({"start_s": 7 * 24 * 3600.0}, "start_s is 604800.0; it must be seconds >= 0 before horizon_s"),
@@ -269,7 +284,7 @@ def test_wrapper_accepts_integer_arrays_and_no_runs():
 # --- a plain-Python event simulation, matched exactly -----------------------------------------
 
 def reference_run(revoked_at, noticed, lost, lives, throughput, steps, system, recovery_s, delay_s, master, horizon_s,
-                  start_s=0.0, join_step=None, join_delay_s=0.0):
+                  start_s=0.0, join_step=None, join_delay_s=0.0, rate_by_set=None):
     """One run, with a heap of (time, slot, what) events and a list of servers' (billed from,
     trained from, end): other bookkeeping than the kernel's, the same rules and the same float
     arithmetic."""
@@ -290,7 +305,7 @@ def reference_run(revoked_at, noticed, lost, lives, throughput, steps, system, r
     while True:
         t_next = events[0][0] if events else INF
         next_join = min((join_step[w] for w in pending), default=INF)
-        rate = throughput[len(start)]
+        rate = throughput[len(start)] if rate_by_set is None else rate_by_set[sum(1 << v for v in start)]
         if system == RESTART and len(start) < members:
             rate = 0.0
         resume = max(t, resume_at)
@@ -327,7 +342,7 @@ def reference_run(revoked_at, noticed, lost, lives, throughput, steps, system, r
             continue
         g = server[w]
         revocations += 1
-        ended.append((*start.pop(w), t))
+        ended.append((w, *start.pop(w), t))
         replaced = g < generations and delay_s < INF and not (system == STUDY and w == master)
         if replaced:
             server[w] += 1
@@ -347,12 +362,14 @@ def reference_run(revoked_at, noticed, lost, lives, throughput, steps, system, r
         if system == RESTART and not replaced:
             failed = True
             break
-    servers = ended + [(billed_from, trains_from, t) for billed_from, trains_from in start.values()]
+    servers = ended + [(w, billed_from, trains_from, t) for w, (billed_from, trains_from) in start.items()]
+    servers += [(w, begin, INF, t) for w, begin in requested.items()]  # booting at the end: billed, no training
     # The bill's rule (billing.meter): whole seconds rounded up after rounding to microseconds.
-    billed = sum(max(60.0, math.ceil(round(end - begin, 6))) for begin, _, end in servers)
-    billed += sum(max(60.0, math.ceil(round(t - begin, 6))) for begin in requested.values())  # booting at the end
-    training = sum(max(0.0, end - max(trains, start_s)) for _, trains, end in servers)
-    return t, failed, revocations, float(billed), done, training
+    billed = [0.0] * slots
+    for w, begin, _, end in servers:
+        billed[w] += max(60.0, math.ceil(round(end - begin, 6)))
+    training = sum(max(0.0, end - max(trains, start_s)) for _, _, trains, end in servers)
+    return t, failed, revocations, float(sum(billed)), done, training, billed
 
 
 def test_kernel_matches_a_plain_python_simulation():
@@ -390,6 +407,9 @@ def test_kernel_matches_a_plain_python_simulation():
             join_step = np.where(rng.random(slots) < 0.6, np.minimum(joins, steps - 1), 0.0)
             join_step[options["master_slot"]] = 0.0
         options["join_step"] = join_step
+        # A mixed cluster in a third of the cases: a rate for every set of active slots.
+        if rng.random() < 0.33:
+            options["rate_by_set"] = np.concatenate([[0.0], rng.uniform(0.2, 3.0, 2 ** slots - 1)])
         options["join_delay_s"] = (float(rng.choice([0.0, 25.0, 140.0])) if rng.random() < 0.5
                                    else rng.choice([0.0, 25.0, 140.0], slots))
         results = simulate_runs(revoked_at, noticed, lost, lives, throughput, steps, system, **options)
@@ -399,12 +419,14 @@ def test_kernel_matches_a_plain_python_simulation():
         for r in range(runs):
             expected = reference_run(revoked_at[r], noticed3[r], lost3[r], lives[r], throughput, steps, system,
                                      options["recovery_s"], options["replacement_delay_s"], options["master_slot"],
-                                     options["horizon_s"], options["start_s"], join_step, options["join_delay_s"])
+                                     options["horizon_s"], options["start_s"], join_step, options["join_delay_s"],
+                                     options.get("rate_by_set"))
             got = (results.time_s[r], results.failed[r], results.revocations[r], results.billed_seconds[r],
                    results.steps_done[r])
             assert tuple(x.item() for x in got) == expected[:5], f"case {case} run {r}: {options}, system {system}"
             # Summed in another order: equal up to rounding.
             assert results.training_seconds[r] == pytest.approx(expected[5], rel=1e-12, abs=1e-9)
+            assert results.billed_by_slot[r].tolist() == expected[6]
 
 
 def test_servers_are_billed_by_the_bills_own_rule():

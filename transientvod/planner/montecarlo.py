@@ -51,6 +51,10 @@ replacement (g = 0..G-1) is revoked `replacement_life[r, w, g]` seconds after it
 (np.inf: never). An arrival joins at once in STUDY and costs the ELASTIC ring a `recovery_s`
 pause; in RESTART it restarts the job (after `recovery_s`) once every slot is filled.
 
+Mixed clusters: `rate_by_set[mask]` (2**W entries), when given, replaces `throughput`: the
+steps/s of the set of active slots whose bits are set in `mask` (slot w is bit w), for
+clusters whose servers differ in speed, so that which server was revoked matters.
+
 Billing (GCE and EC2 alike: per second, one-minute minimum per server): each server, the
 original and every replacement, is billed from its start (t = 0, or its arrival: a server
 waiting for the ring to accept it is already paid for) until min(its revocation, run end),
@@ -104,10 +108,12 @@ class RunResults:
     billed_seconds: np.ndarray
     steps_done: np.ndarray
     training_seconds: np.ndarray  # server-seconds from start_s on: what the study's measure bills
+    billed_by_slot: np.ndarray  # [runs, slots]: billed_seconds per slot (its servers), for mixed prices
+    training_by_slot: np.ndarray  # [runs, slots]: training_seconds per slot
 
     def __post_init__(self):
         for array in (self.time_s, self.failed, self.revocations, self.billed_seconds, self.steps_done,
-                      self.training_seconds):
+                      self.training_seconds, self.billed_by_slot, self.training_by_slot):
             array.setflags(write=False)
 
     def summary(self) -> dict:
@@ -128,7 +134,7 @@ class RunResults:
 
 def simulate_runs(revoked_at, noticed, lost_steps, replacement_life, throughput, steps, system,
                   recovery_s=0.0, replacement_delay_s=np.inf, master_slot=0, horizon_s=7 * DAY_S,
-                  start_s=0.0, join_step=None, join_delay_s=0.0) -> RunResults:
+                  start_s=0.0, join_step=None, join_delay_s=0.0, rate_by_set=None) -> RunResults:
     """Play R runs of a `steps`-step job on W slots (see the module docstring for the model).
 
     revoked_at: float [R, W], seconds after the start at which each slot's first server is
@@ -190,16 +196,27 @@ def simulate_runs(revoked_at, noticed, lost_steps, replacement_life, throughput,
     if not (np.isfinite(join_delay_s).all() and (join_delay_s >= 0).all()):
         raise ValueError(f"join_delay_s is {join_delay_s.tolist()}; it must be finite seconds >= 0.")
 
+    if rate_by_set is None:
+        rate_by_set = np.zeros(0)
+    else:
+        rate_by_set = _real_array("rate_by_set", rate_by_set, 1)
+        if slots > MAX_SET_SLOTS or rate_by_set.size != 2 ** slots:
+            raise ValueError(f"rate_by_set has {rate_by_set.size} entries; it needs one per set of active slots, "
+                             f"2**{slots}, and at most {MAX_SET_SLOTS} slots.")
+        if not (np.isfinite(rate_by_set).all() and (rate_by_set >= 0).all() and rate_by_set[0] == 0):
+            raise ValueError("rate_by_set must be finite steps/s >= 0 with rate_by_set[0] = 0 (no workers, no steps).")
+
     time_s = np.empty(runs)
     failed = np.empty(runs, dtype=np.bool_)
     revocations = np.empty(runs, dtype=np.int64)
-    billed_seconds = np.empty(runs)
     steps_done = np.empty(runs)
-    training_seconds = np.empty(runs)
+    billed_by_slot = np.zeros((runs, slots))
+    training_by_slot = np.zeros((runs, slots))
     _simulate(revoked_at, noticed, lost_steps, replacement_life, throughput, steps, int(system), recovery_s,
-              replacement_delay_s, int(master_slot), horizon_s, start_s, join_step, join_delay_s, time_s, failed,
-              revocations, billed_seconds, steps_done, training_seconds)
-    return RunResults(time_s, failed, revocations, billed_seconds, steps_done, training_seconds)
+              replacement_delay_s, int(master_slot), horizon_s, start_s, join_step, join_delay_s, rate_by_set,
+              time_s, failed, revocations, steps_done, billed_by_slot, training_by_slot)
+    return RunResults(time_s, failed, revocations, billed_by_slot.sum(axis=1), steps_done,
+                      training_by_slot.sum(axis=1), billed_by_slot, training_by_slot)
 
 
 def _real_array(name, values, ndim):
@@ -236,6 +253,9 @@ def _positive(name, value):
 _billed = njit(cache=True)(billed_seconds)
 
 
+# rate_by_set is indexed by a bit mask of the active slots: 2**20 entries (8 MiB) at most.
+MAX_SET_SLOTS = 20
+
 # Runs are handed out in blocks, so each thread allocates its per-slot state once per block
 # rather than once per run.
 RUNS_PER_BLOCK = 256
@@ -243,8 +263,8 @@ RUNS_PER_BLOCK = 256
 
 @njit(cache=True, parallel=True)
 def _simulate(revoked_at, noticed, lost_steps, replacement_life, throughput, steps, system, recovery_s,
-              replacement_delay_s, master_slot, horizon_s, start_s, join_step, join_delay_s, time_s, failed,
-              revocations, billed_seconds, steps_done, training_seconds):
+              replacement_delay_s, master_slot, horizon_s, start_s, join_step, join_delay_s, rate_by_set, time_s,
+              failed, revocations, steps_done, billed_by_slot, training_by_slot):
     runs, slots = revoked_at.shape
     for block in prange((runs + RUNS_PER_BLOCK - 1) // RUNS_PER_BLOCK):
         # Per slot: is a server up, which server it is (0 = original), when it started (billing),
@@ -261,15 +281,15 @@ def _simulate(revoked_at, noticed, lost_steps, replacement_life, throughput, ste
         for r in range(block * RUNS_PER_BLOCK, min(runs, (block + 1) * RUNS_PER_BLOCK)):
             _simulate_run(r, revoked_at, noticed, lost_steps, replacement_life, throughput, steps, system,
                           recovery_s, replacement_delay_s, master_slot, horizon_s, start_s, join_step, join_delay_s,
-                          up, server, started, joined, event_at, pending, provisioning,
-                          time_s, failed, revocations, billed_seconds, steps_done, training_seconds)
+                          rate_by_set, up, server, started, joined, event_at, pending, provisioning,
+                          time_s, failed, revocations, steps_done, billed_by_slot, training_by_slot)
 
 
 @njit(cache=True)
 def _simulate_run(r, revoked_at, noticed, lost_steps, replacement_life, throughput, steps, system, recovery_s,
-                  replacement_delay_s, master_slot, horizon_s, start_s, join_step, join_delay_s, up, server, started,
-                  joined, event_at, pending, provisioning, time_s, failed, revocations, billed_seconds, steps_done,
-                  training_seconds):
+                  replacement_delay_s, master_slot, horizon_s, start_s, join_step, join_delay_s, rate_by_set, up,
+                  server, started, joined, event_at, pending, provisioning, time_s, failed, revocations, steps_done,
+                  billed_by_slot, training_by_slot):
     slots = revoked_at.shape[1]
     generations = replacement_life.shape[2]
     server[:] = 0
@@ -277,12 +297,14 @@ def _simulate_run(r, revoked_at, noticed, lost_steps, replacement_life, throughp
     joined[:] = start_s
     provisioning[:] = False
     active = 0
+    mask = 0  # bit v set: slot v's server is up (rate_by_set's index)
     for v in range(slots):
         pending[v] = join_step[v] > 0.0
         up[v] = not pending[v]
         event_at[v] = np.inf if pending[v] else revoked_at[r, v]
         if up[v]:
             active += 1
+            mask |= 1 << v
     members = active  # slots in the cluster (up or waiting for a replacement): RESTART runs with all of them
 
     t = 0.0
@@ -293,8 +315,6 @@ def _simulate_run(r, revoked_at, noticed, lost_steps, replacement_life, throughp
     # revocation during provisioning cannot start training early.
     resume_at = start_s
     revoked = 0
-    billed = 0.0
-    training = 0.0
     fail = False
     while True:
         w = 0
@@ -308,7 +328,7 @@ def _simulate_run(r, revoked_at, noticed, lost_steps, replacement_life, throughp
                 next_join = join_step[v]
 
         # Progress until the next event, unless the job finishes (or the horizon comes) first.
-        rate = throughput[active]
+        rate = throughput[active] if rate_by_set.size == 0 else rate_by_set[mask]
         if system == RESTART and active < members:
             rate = 0.0
         resume = max(t, resume_at)
@@ -343,6 +363,7 @@ def _simulate_run(r, revoked_at, noticed, lost_steps, replacement_life, throughp
         if not up[w]:
             up[w] = True
             active += 1
+            mask |= 1 << w
             joined[w] = t
             if provisioning[w]:
                 # A scheduled server arrives, billed since its request; its life (revoked_at) counts
@@ -361,10 +382,11 @@ def _simulate_run(r, revoked_at, noticed, lost_steps, replacement_life, throughp
         # A revocation.
         g = server[w]
         revoked += 1
-        billed += _billed(t - started[w])
-        training += max(0.0, t - max(joined[w], start_s))
+        billed_by_slot[r, w] += _billed(t - started[w])
+        training_by_slot[r, w] += max(0.0, t - max(joined[w], start_s))
         up[w] = False
         active -= 1
+        mask &= ~(1 << w)
         if g < generations and replacement_delay_s < np.inf and not (system == STUDY and w == master_slot):
             event_at[w] = t + replacement_delay_s
             server[w] = g + 1
@@ -397,13 +419,11 @@ def _simulate_run(r, revoked_at, noticed, lost_steps, replacement_life, throughp
 
     for v in range(slots):
         if up[v]:
-            billed += _billed(t - started[v])
-            training += max(0.0, t - max(joined[v], start_s))
+            billed_by_slot[r, v] += _billed(t - started[v])
+            training_by_slot[r, v] += max(0.0, t - max(joined[v], start_s))
         elif provisioning[v]:
-            billed += _billed(t - started[v])  # requested, still booting: billed, never trained
+            billed_by_slot[r, v] += _billed(t - started[v])  # requested, still booting: billed, never trained
     time_s[r] = t
     failed[r] = fail
     revocations[r] = revoked
-    billed_seconds[r] = billed
     steps_done[r] = done
-    training_seconds[r] = training
