@@ -278,7 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.set_defaults(func=cmd_compare)
     simulate = sub.add_parser("simulate", help="predict time, cost and failure of clusters from real revocations")
     simulate.add_argument("--gpu", default="k80", help="comma-separated GPU types (k80, p100, v100)")
-    simulate.add_argument("--workers", default="4", help="comma-separated cluster sizes")
+    simulate.add_argument("--workers", default="4",
+                          help="comma-separated cluster sizes, or one mixed cluster as GPU:COUNT,... (k80:2,p100:2)")
     simulate.add_argument("--market", default="spot", help="comma-separated: spot, on-demand")
     simulate.add_argument("--system", default="elastic",
                           help="comma-separated: elastic (this project), study (async PS, master fatal), restart")

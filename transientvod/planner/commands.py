@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 from transientvod.planner.scenario import Cluster, Outcome, Simulator, Workload
-from transientvod.planner.study_data import PlanError
+from transientvod.planner.study_data import PlanError, gpu_type
 
 # "time h" and "cost $" are the cloud's: wall time and bill from renting the servers, their
 # provisioning included. "train h" and "study $" are the study's measure: training time, and
@@ -44,6 +44,21 @@ def parse_speeds(items: list[str]) -> dict[str, float]:
         except ValueError:
             raise PlanError(f"--speed {item!r} must look like v100=14.2 (steps per second of one server).") from None
     return speeds
+
+
+def parse_mix(text: str) -> tuple:
+    """'k80:2,p100:2' -> (("k80", 2), ("p100", 2)): one mixed cluster."""
+    mix = []
+    for item in text.split(","):
+        gpu, _, count = item.strip().partition(":")
+        try:
+            count = int(count)
+        except ValueError:
+            raise PlanError(f"--workers entry {item.strip()!r} must look like p100:2 (GPU type:servers).") from None
+        if count < 1:
+            raise PlanError(f"--workers entry {item.strip()!r} has {count} servers; give 1 or more of each type.")
+        mix.append((gpu_type(gpu), count))
+    return tuple(mix)
 
 
 def parse_schedule(text: str | None) -> tuple:
@@ -101,11 +116,17 @@ def write_csv(rows: list[dict], path) -> Path:
 
 def run_simulate(args) -> int:
     workload = workload_from(args)
-    clusters = [Cluster(gpu, workers, market, system, replacement_delay_s=args.replacement_delay,
+    # --workers 2,4,8: sizes of one type each (--gpu); --workers k80:2,p100:2: one mixed cluster.
+    if ":" in args.workers:
+        shapes = [{"mix": parse_mix(args.workers)}]
+    else:
+        shapes = [{"gpu": gpu, "workers": workers} for gpu in parse_list(args.gpu, "--gpu")
+                  for workers in parse_list(args.workers, "--workers", int)]
+    clusters = [Cluster(**shape, market=market, system=system, replacement_delay_s=args.replacement_delay,
                         notices=not args.no_notices, parameter_servers=args.parameter_servers,
                         staleness_speedup=args.staleness_speedup, schedule=parse_schedule(args.schedule))
-                for gpu in parse_list(args.gpu, "--gpu") for workers in parse_list(args.workers, "--workers", int)
-                for market in parse_list(args.market, "--market") for system in parse_list(args.system, "--system")]
+                for shape in shapes for market in parse_list(args.market, "--market")
+                for system in parse_list(args.system, "--system")]
     simulator = Simulator(workload, seed=args.seed, recovery_s=args.recovery_seconds, trace_path=args.trace)
     rows = [simulator.run(cluster, args.runs, args.revocations).stats() for cluster in clusters]
     source = ("the study's VM lifetimes" if args.revocations == "lifetimes"

@@ -39,6 +39,7 @@ import numpy as np
 from transientvod.billing.prices import GCE_ON_DEMAND_USD_PER_HOUR, GCE_SPOT_USD_PER_HOUR
 from transientvod.config import MARKETS
 from transientvod.planner.montecarlo import ELASTIC, RESTART, STUDY, simulate_runs
+from transientvod.planner.mixed import rate_by_set
 from transientvod.planner.provisioning import fit_provisioning
 from transientvod.planner.speed import SpeedModel, calibrate_k80, scaled, study_speed
 from transientvod.planner.study_data import TRACE_SIZES, PlanError, gpu_type, load_lifetimes, trace_runs
@@ -83,8 +84,24 @@ class Cluster:
     # A growing cluster: ((step, servers), ...): that many servers are requested when the job
     # holds `step` steps, and join after their provisioning (the study's "dynamic cluster").
     schedule: tuple = ()
+    # A mixed cluster: ((gpu, count), ...), e.g. (("k80", 2), ("p100", 2)); then `gpu` and
+    # `workers` are set from it (the first type's first server is the master).
+    mix: tuple = ()
 
     def __post_init__(self):
+        if self.mix:
+            mix = []
+            for item in self.mix:
+                if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], int)):
+                    raise PlanError(f"mixed-cluster entry {item!r} must be a pair (GPU type, count).")
+                if item[1] < 1:
+                    raise PlanError(f"mixed-cluster entry {item[0]}:{item[1]} must have 1 or more servers.")
+                mix.append((gpu_type(item[0]), item[1]))
+            if self.schedule:
+                raise PlanError("a schedule adds servers of one type; use it with a single-type cluster, not a mixed one.")
+            object.__setattr__(self, "mix", tuple(mix))
+            object.__setattr__(self, "gpu", mix[0][0])
+            object.__setattr__(self, "workers", sum(count for _, count in mix))
         object.__setattr__(self, "gpu", gpu_type(self.gpu))
         if self.market not in MARKETS:
             raise PlanError(f"market {self.market!r} is not one of {', '.join(MARKETS)}.")
@@ -108,12 +125,21 @@ class Cluster:
             raise PlanError(f"the replacement delay is {self.replacement_delay_s} s; it must be 0 or more.")
 
     @property
+    def slot_gpus(self) -> list[str]:
+        """The GPU type of every slot, the master's first (scheduled servers are of `gpu`)."""
+        if self.mix:
+            return [gpu for gpu, count in self.mix for _ in range(count)]
+        return [self.gpu] * (self.workers + sum(count for _, count in self.schedule))
+
+    @property
     def label(self) -> str:
         replace = "" if math.isinf(self.replacement_delay_s) else f", replaced after {self.replacement_delay_s:g} s"
         stale = "" if self.staleness_speedup == 1.0 else f", stale {self.staleness_speedup:g}x"
         ps = f", {self.parameter_servers} PS" if self.parameter_servers else ""
         grow = "".join(f", +{count} at {step}" for step, count in self.schedule)
-        return f"{self.workers} x {self.gpu} {self.market} ({self.system}{ps}{stale}{replace}{grow})"
+        servers = ("+".join(f"{count} x {gpu}" for gpu, count in self.mix) if self.mix
+                   else f"{self.workers} x {self.gpu}")
+        return f"{servers} {self.market} ({self.system}{ps}{stale}{replace}{grow})"
 
 
 @dataclass(frozen=True)
@@ -182,16 +208,17 @@ class Simulator:
         if n > speed.max_workers:
             raise PlanError(f"{n} workers is more than the speed model's {speed.max_workers}.")
         throughput = np.array(speed.steps_per_second[:n + 1]) * cluster.staleness_speedup
+        gpus = cluster.slot_gpus
+        rates = self._mixed_rates(cluster, speed) if cluster.mix else None
         start_s = self.provisioning.seconds(first)
         if cluster.market == "spot":
             revoked_at = self._revocations(cluster, runs, revocations, rng)
             if n > first:  # scheduled servers: lives from the lifetimes of their type, counted from the request
                 revoked_at = np.hstack([revoked_at, self.lifetimes(gpu).sample(rng, (runs, n - first))])
+            replacement_life = self._lives(gpus, rng, (runs, n, REPLACEMENT_GENERATIONS))
         else:
             revoked_at = np.full((runs, n), np.inf)
-        lifetimes = self.lifetimes(gpu) if cluster.market == "spot" else None
-        replacement_life = (lifetimes.sample(rng, (runs, n, REPLACEMENT_GENERATIONS)) if lifetimes is not None
-                            else np.full((runs, n, REPLACEMENT_GENERATIONS), np.inf))
+            replacement_life = np.full((runs, n, REPLACEMENT_GENERATIONS), np.inf)
         most_lost = self.workload.checkpoint_every if cluster.system == "restart" else self.workload.commit_every
         lost_steps = rng.uniform(0, most_lost, size=(runs, n))
         noticed = np.full((runs, n), cluster.notices)
@@ -201,19 +228,33 @@ class Simulator:
         result = simulate_runs(revoked_at, noticed, lost_steps, replacement_life, throughput, self.workload.steps,
                                SYSTEMS[cluster.system], recovery_s=recovery,
                                replacement_delay_s=cluster.replacement_delay_s, start_s=start_s,
-                               join_step=join_step, join_delay_s=join_delay)
-        price = (GCE_SPOT_USD_PER_HOUR if cluster.market == "spot" else GCE_ON_DEMAND_USD_PER_HOUR)[gpu]
+                               join_step=join_step, join_delay_s=join_delay, rate_by_set=rates)
+        prices = GCE_SPOT_USD_PER_HOUR if cluster.market == "spot" else GCE_ON_DEMAND_USD_PER_HOUR
+        price = np.array([prices[g] for g in gpus])  # per slot
+        on_demand_price = np.array([GCE_ON_DEMAND_USD_PER_HOUR[g] for g in gpus])
         ps_price = GCE_ON_DEMAND_USD_PER_HOUR["ps"]
         time_s = np.asarray(result.time_s)
         ps_seconds = np.maximum(60.0, np.ceil(time_s)) * cluster.parameter_servers
-        worker_seconds = np.asarray(result.billed_seconds)
-        cost = (worker_seconds * price + ps_seconds * ps_price) / 3600.0
-        on_demand = (worker_seconds * GCE_ON_DEMAND_USD_PER_HOUR[gpu] + ps_seconds * ps_price) / 3600.0
+        cost = (result.billed_by_slot @ price + ps_seconds * ps_price) / 3600.0
+        on_demand = (result.billed_by_slot @ on_demand_price + ps_seconds * ps_price) / 3600.0
         training_s = np.maximum(time_s - start_s, 0.0)
-        study_cost = (np.asarray(result.training_seconds) * price
-                      + training_s * cluster.parameter_servers * ps_price) / 3600.0
+        study_cost = (result.training_by_slot @ price + training_s * cluster.parameter_servers * ps_price) / 3600.0
         return Outcome(cluster, runs, time_s / 3600.0, cost, on_demand, np.asarray(result.failed),
                        np.asarray(result.revocations), training_s / 3600.0, study_cost)
+
+    def _lives(self, gpus: list[str], rng, shape) -> np.ndarray:
+        """Lifetimes drawn for slots of the given types ([runs, slots, ...]); one draw for one type."""
+        if len(set(gpus)) == 1:
+            return self.lifetimes(gpus[0]).sample(rng, shape)
+        return np.stack([self.lifetimes(g).sample(rng, (shape[0],) + tuple(shape[2:])) for g in gpus], axis=1)
+
+    def _mixed_rates(self, cluster: Cluster, k80_shape: SpeedModel) -> np.ndarray:
+        """Steps/s for every set of up servers (mixed.py): the study's asynchronous PS adds the
+        servers' speeds, synchronous training (elastic, restart) waits for the slowest."""
+        shape = np.asarray(self._k80.steps_per_second) / self._k80.steps_per_second[1]
+        single = [self.speed(g).throughput(1) for g in cluster.slot_gpus]
+        rule = "sum" if cluster.system == "study" else "slowest"
+        return rate_by_set(single, shape, rule) * cluster.staleness_speedup
 
     def _schedule(self, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
         """Per slot: the step at which it is requested (0: from the start), and its provisioning
@@ -230,7 +271,10 @@ class Simulator:
     def _revocations(self, cluster: Cluster, runs: int, model: str, rng) -> np.ndarray:
         n = cluster.workers
         if model == "lifetimes":
-            return self.lifetimes(cluster.gpu).sample(rng, (runs, n))
+            return self._lives(cluster.slot_gpus[:n], rng, (runs, n))
+        if cluster.mix:
+            raise PlanError("the study's traces are of K80 clusters of one type; simulate a mixed cluster with "
+                            "--revocations lifetimes.")
         if self.trace_path is None and (cluster.gpu != "k80" or n not in TRACE_SIZES):
             raise PlanError(f"the study's traces are of {', '.join(map(str, TRACE_SIZES))} K80 servers, not {n} x "
                             f"{cluster.gpu}; use the lifetimes revocation model (--revocations lifetimes).")
