@@ -10,6 +10,7 @@ import csv
 import math
 from pathlib import Path
 
+from transientvod.planner.rate_band import parse_band
 from transientvod.planner.scenario import Cluster, Outcome, Simulator, Workload
 from transientvod.planner.study_data import PlanError, gpu_type
 
@@ -127,9 +128,13 @@ def run_simulate(args) -> int:
                         staleness_speedup=args.staleness_speedup, schedule=parse_schedule(args.schedule))
                 for shape in shapes for market in parse_list(args.market, "--market")
                 for system in parse_list(args.system, "--system")]
-    simulator = Simulator(workload, seed=args.seed, recovery_s=args.recovery_seconds, trace_path=args.trace)
-    rows = [simulator.run(cluster, args.runs, args.revocations).stats() for cluster in clusters]
-    source = ("the study's VM lifetimes" if args.revocations == "lifetimes"
+    band = parse_band(args.revocation_rate) if args.revocation_rate is not None else None
+    revocations = "rate" if band is not None else args.revocations
+    simulator = Simulator(workload, seed=args.seed, recovery_s=args.recovery_seconds, trace_path=args.trace,
+                          revocation_rate=band)
+    rows = [simulator.run(cluster, args.runs, revocations).stats() for cluster in clusters]
+    source = (f"an interruption rate of {band.label} (exponential lives; no trace)" if band is not None
+              else "the study's VM lifetimes" if args.revocations == "lifetimes"
               else f"the trace {args.trace}" if args.trace else "the study's traces")
     print(f"{args.runs} simulated runs of {workload.steps} steps per configuration, revocations from "
           f"{source} (seed {args.seed}); "

@@ -41,11 +41,12 @@ from transientvod.config import MARKETS
 from transientvod.planner.montecarlo import ELASTIC, RESTART, STUDY, simulate_runs
 from transientvod.planner.mixed import rate_by_set
 from transientvod.planner.provisioning import fit_provisioning
+from transientvod.planner.rate_band import RateBand
 from transientvod.planner.speed import SpeedModel, calibrate_k80, scaled, study_speed
 from transientvod.planner.study_data import TRACE_SIZES, PlanError, gpu_type, load_lifetimes, trace_runs
 
 SYSTEMS = {"study": STUDY, "elastic": ELASTIC, "restart": RESTART}
-REVOCATION_MODELS = ("trace", "lifetimes")
+REVOCATION_MODELS = ("trace", "lifetimes", "rate")  # rate: from a monthly interruption band (rate_band.py)
 # This project's measured recovery: Horovod re-formed the ring 0.7-2.7 s before each
 # revocation in benchmarks/revocations.py (2 cores, Gloo). GPU clusters re-initialise NCCL
 # as well, so the planner assumes 30 s; change it with --recovery-seconds.
@@ -172,7 +173,8 @@ class Simulator:
     """Holds what every configuration shares (the calibrated speed, lifetimes, traces)."""
 
     def __init__(self, workload: Workload, seed: int = 0, recovery_s: float | None = None,
-                 trace_path: str | None = None):
+                 trace_path: str | None = None, revocation_rate: RateBand | None = None):
+        self.revocation_rate = revocation_rate  # the band the "rate" revocation model draws from
         self.workload = workload
         self.trace_path = trace_path  # your own trace (transientvod.spot.trace format) instead of the study's
         self.seed = seed
@@ -200,6 +202,8 @@ class Simulator:
             raise PlanError(f"revocation model {revocations!r} is not one of {', '.join(REVOCATION_MODELS)}.")
         if not isinstance(runs, int) or runs < 1:
             raise PlanError(f"runs is {runs!r}; simulate at least 1 run.")
+        if revocations == "rate" and self.revocation_rate is None:
+            raise PlanError("the rate revocation model needs a band: --revocation-rate 5-10 (percent a month).")
         rng = np.random.default_rng(self.seed)
         first, gpu = cluster.workers, cluster.gpu
         join_step, join_delay = self._schedule(cluster)
@@ -214,8 +218,9 @@ class Simulator:
         if cluster.market == "spot":
             revoked_at = self._revocations(cluster, runs, revocations, rng)
             if n > first:  # scheduled servers: lives from the lifetimes of their type, counted from the request
-                revoked_at = np.hstack([revoked_at, self.lifetimes(gpu).sample(rng, (runs, n - first))])
-            replacement_life = self._lives(gpus, rng, (runs, n, REPLACEMENT_GENERATIONS))
+                revoked_at = np.hstack([revoked_at, self._lives([gpu] * (n - first), rng, (runs, n - first),
+                                                                revocations)])
+            replacement_life = self._lives(gpus, rng, (runs, n, REPLACEMENT_GENERATIONS), revocations)
         else:
             revoked_at = np.full((runs, n), np.inf)
             replacement_life = np.full((runs, n, REPLACEMENT_GENERATIONS), np.inf)
@@ -242,8 +247,11 @@ class Simulator:
         return Outcome(cluster, runs, time_s / 3600.0, cost, on_demand, np.asarray(result.failed),
                        np.asarray(result.revocations), training_s / 3600.0, study_cost)
 
-    def _lives(self, gpus: list[str], rng, shape) -> np.ndarray:
-        """Lifetimes drawn for slots of the given types ([runs, slots, ...]); one draw for one type."""
+    def _lives(self, gpus: list[str], rng, shape, model: str = "lifetimes") -> np.ndarray:
+        """Lifetimes drawn for slots of the given types ([runs, slots, ...]); one draw for one type.
+        The trace model's later servers (replacements, scheduled ones) live like its lifetimes."""
+        if model == "rate":
+            return self.revocation_rate.sample(rng, shape)
         if len(set(gpus)) == 1:
             return self.lifetimes(gpus[0]).sample(rng, shape)
         return np.stack([self.lifetimes(g).sample(rng, (shape[0],) + tuple(shape[2:])) for g in gpus], axis=1)
@@ -270,8 +278,8 @@ class Simulator:
 
     def _revocations(self, cluster: Cluster, runs: int, model: str, rng) -> np.ndarray:
         n = cluster.workers
-        if model == "lifetimes":
-            return self._lives(cluster.slot_gpus[:n], rng, (runs, n))
+        if model in ("lifetimes", "rate"):
+            return self._lives(cluster.slot_gpus[:n], rng, (runs, n), model)
         if cluster.mix:
             raise PlanError("the study's traces are of K80 clusters of one type; simulate a mixed cluster with "
                             "--revocations lifetimes.")
