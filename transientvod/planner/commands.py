@@ -85,8 +85,31 @@ def count_is_signed(item: str) -> bool:
     return item.partition(":")[2].strip().startswith("+")
 
 
-def workload_from(args) -> Workload:
-    return Workload(steps=args.steps, single_worker_steps_per_s=parse_speeds(args.speed),
+def speeds_from_runs(items: list[str], default_gpu: str, tracking_uri: str | None) -> dict[str, float]:
+    """--speed-from-run [GPU=]RUN_ID: one server's steps/s from a logged run (run_speed.py);
+    without GPU= it calibrates the first GPU type asked for."""
+    if not items:
+        return {}
+    from transientvod.planner.run_speed import speed_from_run
+    from transientvod.planner.speed import calibrate_k80
+    from transientvod.tracking.store import store_uri
+
+    k80 = calibrate_k80()
+    shape = k80.steps_per_second / k80.steps_per_second[1]
+    uri = store_uri(tracking_uri or "")
+    speeds = {}
+    for item in items:
+        gpu, sep, run_id = item.partition("=")
+        gpu, run_id = (gpu_type(gpu), run_id.strip()) if sep else (default_gpu, gpu.strip())
+        speeds[gpu], source = speed_from_run(uri, run_id, shape)
+        print(f"{gpu}: {source}")
+    return speeds
+
+
+def workload_from(args, default_gpu: str) -> Workload:
+    speeds = parse_speeds(args.speed)
+    speeds.update(speeds_from_runs(args.speed_from_run, default_gpu, args.tracking_uri))
+    return Workload(steps=args.steps, single_worker_steps_per_s=speeds,
                     commit_every=args.commit_every, checkpoint_every=args.checkpoint_every)
 
 
@@ -116,13 +139,15 @@ def write_csv(rows: list[dict], path) -> Path:
 
 
 def run_simulate(args) -> int:
-    workload = workload_from(args)
     # --workers 2,4,8: sizes of one type each (--gpu); --workers k80:2,p100:2: one mixed cluster.
     if ":" in args.workers:
         shapes = [{"mix": parse_mix(args.workers)}]
+        first_gpu = shapes[0]["mix"][0][0]
     else:
         shapes = [{"gpu": gpu, "workers": workers} for gpu in parse_list(args.gpu, "--gpu")
                   for workers in parse_list(args.workers, "--workers", int)]
+        first_gpu = gpu_type(shapes[0]["gpu"])
+    workload = workload_from(args, first_gpu)
     clusters = [Cluster(**shape, market=market, system=system, replacement_delay_s=args.replacement_delay,
                         notices=not args.no_notices, parameter_servers=args.parameter_servers,
                         staleness_speedup=args.staleness_speedup, schedule=parse_schedule(args.schedule))
@@ -166,7 +191,7 @@ def run_plan(args) -> int:
         raise PlanError(f"{'--budget' if args.budget is not None else '--deadline'} is {limit}; it must be positive.")
     if not 0 <= args.risk < 1:
         raise PlanError(f"--risk is {args.risk}; give the largest acceptable chance of failing, from 0 to below 1.")
-    workload = workload_from(args)
+    workload = workload_from(args, gpu_type(parse_list(args.gpus, "--gpus")[0]))
     simulator = Simulator(workload, seed=args.seed, recovery_s=args.recovery_seconds)
     candidates = []
     for gpu in parse_list(args.gpus, "--gpus"):
