@@ -107,3 +107,16 @@ def test_bad_mixed_cluster_is_one_sentence(workers, fragment):
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in done.stderr, done.stderr
+
+
+def test_plan_considers_mixed_clusters():
+    from transientvod.planner.commands import cluster_shapes
+
+    shapes = cluster_shapes(["k80", "p100", "v100"], 6, mixed=True)
+    assert len(shapes) == 3 * 6 + 3 * (1 + 2 + 3 + 4 + 5)  # every size of each type, every split of each pair
+    assert {"mix": (("k80", 1), ("v100", 5))} in shapes and len(cluster_shapes(["k80"], 6, mixed=True)) == 6
+    done = transientvod("plan", "--deadline", "0.6", "--gpus", "k80,p100,v100", "--system", "study",
+                        "--max-workers", "6", "--mixed", "--runs", "500", "--top", "20")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("126 configurations"), done.stdout
+    assert any("+" in line.split("spot")[0] for line in done.stdout.splitlines()[3:] if "spot" in line), done.stdout

@@ -305,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--gpus", default="k80", help="comma-separated GPU types to consider")
     plan.add_argument("--markets", default="spot,on-demand", help="comma-separated markets to consider")
     plan.add_argument("--max-workers", type=int, default=8)
+    plan.add_argument("--mixed", action="store_true", help="also consider clusters of two GPU types (--gpus)")
     plan.add_argument("--system", default="elastic", choices=("elastic", "study", "restart"))
     plan.add_argument("--risk", type=float, default=0.1, help="largest acceptable chance of failing or going over")
     plan.add_argument("--runs", type=int, default=2000, help="Monte Carlo runs per configuration")

@@ -183,6 +183,16 @@ def risk(outcome: Outcome, budget: float | None, deadline_h: float | None) -> fl
     return float(bad.mean())
 
 
+def cluster_shapes(gpus: list[str], max_workers: int, mixed: bool) -> list[dict]:
+    """Every size of every type, and with `mixed` every pair of types (1 or more of each) up to
+    max_workers servers in all."""
+    shapes = [{"gpu": gpu, "workers": n} for gpu in gpus for n in range(1, max_workers + 1)]
+    if mixed:
+        shapes += [{"mix": ((a, i), (b, n - i))} for x, a in enumerate(gpus) for b in gpus[x + 1:]
+                   for n in range(2, max_workers + 1) for i in range(1, n)]
+    return shapes
+
+
 def run_plan(args) -> int:
     if (args.budget is None) == (args.deadline is None):
         raise PlanError("give exactly one of --budget DOLLARS or --deadline HOURS.")
@@ -194,16 +204,15 @@ def run_plan(args) -> int:
     workload = workload_from(args, gpu_type(parse_list(args.gpus, "--gpus")[0]))
     simulator = Simulator(workload, seed=args.seed, recovery_s=args.recovery_seconds)
     candidates = []
-    for gpu in parse_list(args.gpus, "--gpus"):
+    gpus = [gpu_type(g) for g in parse_list(args.gpus, "--gpus")]
+    for shape in cluster_shapes(gpus, args.max_workers, args.mixed):
         for market in parse_list(args.markets, "--markets"):
-            for workers in range(1, args.max_workers + 1):
-                cluster = Cluster(gpu, workers, market, args.system, replacement_delay_s=args.replacement_delay,
-                                  parameter_servers=args.parameter_servers,
-                                  staleness_speedup=args.staleness_speedup)
-                outcome = simulator.run(cluster, args.runs, "lifetimes")
-                row = outcome.stats()
-                row["risk_pct"] = 100.0 * risk(outcome, args.budget, args.deadline)
-                candidates.append(row)
+            cluster = Cluster(**shape, market=market, system=args.system, replacement_delay_s=args.replacement_delay,
+                              parameter_servers=args.parameter_servers, staleness_speedup=args.staleness_speedup)
+            outcome = simulator.run(cluster, args.runs, "lifetimes")
+            row = outcome.stats()
+            row["risk_pct"] = 100.0 * risk(outcome, args.budget, args.deadline)
+            candidates.append(row)
     by_budget = args.budget is not None
     goal = "time_h_mean" if by_budget else "cost_usd_mean"
     what = f"costing more than ${args.budget:g}" if by_budget else f"taking longer than {args.deadline:g} h"
