@@ -11,8 +11,11 @@ Revocations come either from the study's traces (`trace`: run r replays run r mo
 measured K80 clusters of that size; a VM that was still alive when the study's job ended is
 revoked later at a time drawn from the K80 lifetimes of VMs that lived at least that long)
 or from lifetimes (`lifetimes`: each server's revocation drawn from vm_lifetimes.csv of its
-GPU type; VMs that reached GCE's 24 h limit are censored, never revoked). Replacements, when
+GPU type; VMs that reached GCE's 24 h limit are censored, never revoked), or, for a cloud
+without traces, from a monthly interruption band (`rate`: rate_band.py). Replacements, when
 asked for, arrive after `replacement_delay_s` and live a lifetime drawn the same way.
+A cluster may grow (`schedule`: servers added at steps) or mix GPU types (`mix`: its rate
+for every set of servers up from mixed.py; trace replay covers only one type).
 
 A server's life: provisioning (booting and starting the job, billed, no training; fitted
 to the traces, provisioning.py), then training at the cluster's measured speed (the same
