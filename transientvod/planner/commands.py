@@ -40,8 +40,9 @@ def parse_speeds(items: list[str]) -> dict[str, float]:
     speeds = {}
     for item in items:
         gpu, _, value = item.partition("=")
+        gpu = gpu_type(gpu)  # an unknown type is its own sentence
         try:
-            speeds[gpu.strip().lower()] = float(value)
+            speeds[gpu] = float(value)
         except ValueError:
             raise PlanError(f"--speed {item!r} must look like v100=14.2 (steps per second of one server).") from None
     return speeds
