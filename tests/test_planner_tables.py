@@ -86,7 +86,7 @@ def test_provisioning_is_the_traced_uptime_beyond_the_on_demand_training(referen
     assert 30 < fit.per_server_s < 50 and 50 < fit.base_s < 150
 
 
-def test_revocation_free_transient_clusters_train_at_the_on_demand_speed(transient, simulator):
+def test_revocation_free_transient_clusters_train_at_the_on_demand_speed(reference_readme, transient, simulator):
     for n, outcome in transient.items():
         training, _ = by_revocations(outcome, 0)
         assert training == pytest.approx(ondemand_mean(n) / 3600, rel=1e-9)
