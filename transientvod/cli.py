@@ -240,7 +240,8 @@ def add_workload_arguments(parser) -> None:
     parser.add_argument("--replacement-delay", type=float, default=float("inf"), metavar="SECONDS",
                         help="a revoked server is replaced after this long (default: never)")
     parser.add_argument("--parameter-servers", type=int, default=None,
-                        help="always-on CPU servers billed on-demand (default: 1 for --system study, as the study had; else 0)")
+                        help="always-on CPU servers billed on-demand (default: 1 for --system study, as the study "
+                             "had; else 0)")
     parser.add_argument("--commit-every", type=int, default=50, help="elastic: steps lost at most without a notice")
     parser.add_argument("--checkpoint-every", type=int, default=500, help="restart: steps lost at most per revocation")
     parser.add_argument("--recovery-seconds", type=float, help="pause per membership change (default by system)")

@@ -73,7 +73,8 @@ def parse_schedule(text: str | None) -> tuple:
         try:
             step, count = int(step), int(count)
         except ValueError:
-            raise PlanError(f"--schedule entry {item.strip()!r} must look like 16000:+1 (at step 16000, add 1 server).") from None
+            raise PlanError(f"--schedule entry {item.strip()!r} must look like 16000:+1 (at step 16000, add 1 "
+                            "server).") from None
         if step <= 0 or count <= 0 or not count_is_signed(item):
             raise PlanError(f"--schedule entry {item.strip()!r} must add 1 or more servers (+N) at a step above 0; "
                             "a schedule only adds servers.")

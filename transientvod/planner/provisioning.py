@@ -60,8 +60,8 @@ def fit_provisioning(sizes=TRACE_SIZES) -> Provisioning:
                      f"- mean on-demand duration {ondemand_runs(n).mean_duration_s:.1f} s")
     per_server, base = np.polyfit(list(measured), list(measured.values()), 1)
     worst = max(abs(base + per_server * n - measured[n]) for n in measured)
-    lines.append(f"  fit: {base:.1f} s + {per_server:.1f} s per server (least squares; largest residual {worst:.1f} s); "
-                 "used for every size and GPU type")
+    lines.append(f"  fit: {base:.1f} s + {per_server:.1f} s per server (least squares; largest residual "
+                 f"{worst:.1f} s); used for every size and GPU type")
     if per_server < 0 or base + per_server < 0:
         raise PlanError("the provisioning fitted to the traces is negative; check the trace and on-demand files.")
     return Provisioning(float(base), float(per_server), measured,

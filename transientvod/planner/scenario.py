@@ -102,7 +102,8 @@ class Cluster:
                     raise PlanError(f"mixed-cluster entry {item[0]}:{item[1]} must have 1 or more servers.")
                 mix.append((gpu_type(item[0]), item[1]))
             if self.schedule:
-                raise PlanError("a schedule adds servers of one type; use it with a single-type cluster, not a mixed one.")
+                raise PlanError("a schedule adds servers of one type; use it with a single-type cluster, not a "
+                                "mixed one.")
             object.__setattr__(self, "mix", tuple(mix))
             object.__setattr__(self, "gpu", mix[0][0])
             object.__setattr__(self, "workers", sum(count for _, count in mix))

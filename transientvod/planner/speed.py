@@ -163,7 +163,8 @@ def study_speed(gpu: str, k80: SpeedModel | None = None) -> SpeedModel:
         return k80
     row = published_rows().get(f"1 {gpu.upper()} transient")
     if row is None or row.time_h is None:
-        raise PlanError(f"the study's data README has no time for '1 {gpu.upper()} transient'; pass --speed {gpu}=STEPS_PER_S.")
+        raise PlanError(f"the study's data README has no time for '1 {gpu.upper()} transient'; pass "
+                        f"--speed {gpu}=STEPS_PER_S.")
     speed = FULL_JOB_STEPS / (row.time_h * 3600.0)
     model = scaled(k80, gpu, speed)
     source = (f"{gpu.upper()}: 1 server = {FULL_JOB_STEPS} steps / {row.time_h} h (the study's published single-"
