@@ -57,6 +57,60 @@ def test_study_master_revoked_fails_the_run():
     assert one_run([INF, 100.5], STUDY, master_slot=1) == outcome(100.5, 2 * 101.0, 201.0, True, 1)
 
 
+def test_provisioning_is_billed_but_trains_nothing():
+    # 50 s of provisioning, then 200 s of training; both servers billed 250 s, trained 200 s each.
+    results = simulate_runs(np.array([[INF, INF]]), np.ones((1, 2), bool), np.zeros((1, 2)), np.zeros((1, 2, 0)),
+                            np.array(TWO), 400.0, STUDY, start_s=50.0)
+    assert results.time_s[0] == 250.0 and results.billed_seconds[0] == 500.0
+    assert results.training_seconds[0] == 400.0
+    # A worker revoked at 150 s (100 s of training at 2 steps/s = 200 steps): the other 200 at
+    # 1 step/s end at 350 s. Billed 150 + 350, trained 100 + 300.
+    assert one_run([INF, 150.0], STUDY, start_s=50.0) == outcome(350.0, 500.0, revocations=1)
+    results = simulate_runs(np.array([[INF, 150.0]]), np.ones((1, 2), bool), np.zeros((1, 2)), np.zeros((1, 2, 0)),
+                            np.array(TWO), 400.0, STUDY, start_s=50.0)
+    assert results.training_seconds[0] == 400.0
+
+
+def test_a_revocation_during_provisioning_does_not_start_training_early():
+    # ELASTIC: revoked at 10 s with a 30 s recovery; training still starts at 100 s, alone: 400 s.
+    run = one_run([10.0, INF], ELASTIC, recovery_s=30.0, start_s=100.0)
+    assert run == outcome(500.0, 60.0 + 500.0, revocations=1)
+
+
+def test_a_scheduled_server_joins_after_its_provisioning():
+    # Slot 1 is requested at step 200 (t = 200 s alone at 1 step/s) and trains from 250 s; the
+    # last 150 steps at 2 steps/s: 325 s. Billed 325 + 125 (from the request), trained 325 + 75.
+    results = simulate_runs(np.array([[INF, INF]]), np.ones((1, 2), bool), np.zeros((1, 2)), np.zeros((1, 2, 0)),
+                            np.array(TWO), 400.0, STUDY, join_step=[0.0, 200.0], join_delay_s=50.0)
+    assert (results.time_s[0], results.billed_seconds[0], results.training_seconds[0]) == (325.0, 450.0, 400.0)
+    # Its life counts from the request: revoked 60 s after it, 10 s after it arrived (260 s);
+    # 250 + 20 steps by then, 130 more alone: 390 s. Billed 390 + 60.
+    results = simulate_runs(np.array([[INF, 60.0]]), np.ones((1, 2), bool), np.zeros((1, 2)), np.zeros((1, 2, 0)),
+                            np.array(TWO), 400.0, STUDY, join_step=[0.0, 200.0], join_delay_s=50.0)
+    assert (results.time_s[0], results.revocations[0], results.billed_seconds[0]) == (390.0, 1, 390.0 + 60.0)
+    # Revoked while booting (life 30 s < 50 s): goes as it arrives, trains nothing.
+    results = simulate_runs(np.array([[INF, 30.0]]), np.ones((1, 2), bool), np.zeros((1, 2)), np.zeros((1, 2, 0)),
+                            np.array(TWO), 400.0, STUDY, join_step=[0.0, 200.0], join_delay_s=50.0)
+    assert (results.time_s[0], results.revocations[0], results.training_seconds[0]) == (400.0, 1, 400.0)
+    # Never reached (the master goes first at 100 s): never requested, never billed.
+    results = simulate_runs(np.array([[100.0, INF]]), np.ones((1, 2), bool), np.zeros((1, 2)), np.zeros((1, 2, 0)),
+                            np.array(TWO), 400.0, STUDY, join_step=[0.0, 200.0], join_delay_s=50.0)
+    assert results.failed[0] and results.billed_seconds[0] == 100.0
+
+
+def test_a_mixed_cluster_trains_at_the_rate_of_the_servers_left():
+    # Slot 0 alone: 1 step/s, slot 1 alone: 4 steps/s, both: 2 steps/s (rate_by_set[mask]).
+    rates = [0.0, 1.0, 4.0, 2.0]
+    # The fast slot 1 goes at 100 s (200 steps): 200 more at 1 step/s, 300 s.
+    assert one_run([INF, 100.0], STUDY, rate_by_set=rates) == outcome(300.0, 100.0 + 300.0, revocations=1)
+    # The slow slot 0 goes instead (slot 1 the master): 200 more at 4 steps/s, 150 s.
+    assert one_run([100.0, INF], STUDY, rate_by_set=rates, master_slot=1) == outcome(150.0, 100.0 + 150.0,
+                                                                                     revocations=1)
+    results = simulate_runs(np.array([[100.0, INF]]), np.ones((1, 2), bool), np.zeros((1, 2)), np.zeros((1, 2, 0)),
+                            np.array(TWO), 400.0, STUDY, rate_by_set=rates, master_slot=1)
+    assert results.billed_by_slot[0].tolist() == [100.0, 150.0]
+
+
 def test_finishing_at_the_moment_of_a_revocation_finishes_first():
     assert one_run([200.0, INF], STUDY) == outcome(200.0, 400.0)
 
@@ -204,6 +258,15 @@ def arguments(**changes):
     ({"master_slot": 2}, "master_slot is 2; it must be a slot index 0..1"),
     ({"replacement_delay_s": -1}, "replacement_delay_s is -1.0"),
     ({"recovery_s": INF}, "recovery_s is inf"),
+    ({"start_s": -1.0}, "start_s is -1.0"),
+    ({"join_step": [0.0, 100.0]}, r"join_step must be steps from 0 .* to below steps \(100\)"),
+    ({"join_step": [0.0]}, "join_step has 1 entries; it needs one per slot"),
+    ({"join_step": [10.0, 0.0]}, "the master slot 0 must be in the cluster from the start"),
+    ({"rate_by_set": [0.0, 1.0, 2.0]}, r"rate_by_set has 3 entries; it needs one per set of active slots, 2\*\*2"),
+    ({"rate_by_set": [1.0, 1.0, 2.0, 2.0]}, r"rate_by_set\[0\] = 0"),
+    ({"join_delay_s": -1.0}, r"join_delay_s is \[-1.0, -1.0\]"),
+    ({"join_delay_s": [1.0, 2.0, 3.0]}, r"join_delay_s needs one value, or one per slot \(2\)"),
+    ({"start_s": 7 * 24 * 3600.0}, "start_s is 604800.0; it must be seconds >= 0 before horizon_s"),
 ])
 def test_wrapper_errors(changes, message):
     with pytest.raises(ValueError, match=message):
@@ -220,24 +283,42 @@ def test_wrapper_accepts_integer_arrays_and_no_runs():
 
 # --- a plain-Python event simulation, matched exactly -----------------------------------------
 
-def reference_run(revoked_at, noticed, lost, lives, throughput, steps, system, recovery_s, delay_s, master, horizon_s):
-    """One run, with a heap of (time, slot, what) events and a list of servers' (start, end):
-    other bookkeeping than the kernel's, the same rules and the same float arithmetic."""
+def reference_run(revoked_at, noticed, lost, lives, throughput, steps, system, recovery_s, delay_s, master, horizon_s,
+                  start_s=0.0, join_step=None, join_delay_s=0.0, rate_by_set=None):
+    """One run, with a heap of (time, slot, what) events and a list of servers' (billed from,
+    trained from, end): other bookkeeping than the kernel's, the same rules and the same float
+    arithmetic."""
     slots, generations = lives.shape
-    events = [(revoked_at[w], w, "revoked") for w in range(slots) if revoked_at[w] < INF]
+    join_step = [0.0] * slots if join_step is None else list(join_step)
+    join_delay_s = np.broadcast_to(join_delay_s, (slots,))
+    pending = {w for w in range(slots) if join_step[w] > 0}  # scheduled slots whose step has not come
+    requested = {}  # scheduled slots booting: requested when
+    events = [(revoked_at[w], w, "revoked") for w in range(slots) if revoked_at[w] < INF and w not in pending]
     heapq.heapify(events)
     server = [0] * slots  # which server of the slot is up or coming
-    start = {w: 0.0 for w in range(slots)}  # slots with a server up: since when
-    ended = []  # (start, end) of servers already revoked
-    t = done = held = resume_at = 0.0
+    start = {w: (0.0, start_s) for w in range(slots) if w not in pending}  # up: (billed from, trains from)
+    members = len(start)
+    ended = []  # (billed from, trains from, end) of servers already revoked
+    t = done = held = 0.0
+    resume_at = start_s
     revocations, failed = 0, False
     while True:
         t_next = events[0][0] if events else INF
-        rate = throughput[len(start)]
-        if system == RESTART and len(start) < slots:
+        next_join = min((join_step[w] for w in pending), default=INF)
+        rate = throughput[len(start)] if rate_by_set is None else rate_by_set[sum(1 << v for v in start)]
+        if system == RESTART and len(start) < members:
             rate = 0.0
         resume = max(t, resume_at)
         if rate > 0:
+            t_join = resume + max(next_join - done, 0.0) / rate
+            if t_join <= t_next and t_join < horizon_s:
+                t, done = t_join, max(done, next_join)
+                for w in sorted(pending):
+                    if join_step[w] <= done:
+                        pending.discard(w)
+                        requested[w] = t
+                        heapq.heappush(events, (t + join_delay_s[w], w, "arrives"))
+                continue
             t_finish = resume + max(steps - done, 0.0) / rate
             if t_finish <= t_next and t_finish <= horizon_s:
                 t, done = t_finish, steps
@@ -249,14 +330,19 @@ def reference_run(revoked_at, noticed, lost, lives, throughput, steps, system, r
             break
         t, w, what = heapq.heappop(events)
         if what == "arrives":
-            start[w] = t
-            heapq.heappush(events, (t + lives[w, server[w] - 1], w, "revoked"))
-            if system == ELASTIC or (system == RESTART and len(start) == slots):
-                resume_at = t + recovery_s
+            if w in requested:
+                start[w] = (requested.pop(w), t)
+                members += 1
+                heapq.heappush(events, (t + max(0.0, revoked_at[w] - join_delay_s[w]), w, "revoked"))
+            else:
+                start[w] = (t, t)
+                heapq.heappush(events, (t + lives[w, server[w] - 1], w, "revoked"))
+            if system == ELASTIC or (system == RESTART and len(start) == members):
+                resume_at = max(resume_at, t + recovery_s)
             continue
         g = server[w]
         revocations += 1
-        ended.append((start.pop(w), t))
+        ended.append((w, *start.pop(w), t))
         replaced = g < generations and delay_s < INF and not (system == STUDY and w == master)
         if replaced:
             server[w] += 1
@@ -269,15 +355,21 @@ def reference_run(revoked_at, noticed, lost, lives, throughput, steps, system, r
                 done -= min(lost[w, g], done - held)
             held = done
         if system == ELASTIC:
-            resume_at = t + recovery_s
+            resume_at = max(resume_at, t + recovery_s)
             if not start and not events:
                 failed = True
                 break
         if system == RESTART and not replaced:
             failed = True
             break
-    billed = sum(max(60.0, math.ceil(end - begin)) for begin, end in ended + [(s, t) for s in start.values()])
-    return t, failed, revocations, float(billed), done
+    servers = ended + [(w, billed_from, trains_from, t) for w, (billed_from, trains_from) in start.items()]
+    servers += [(w, begin, INF, t) for w, begin in requested.items()]  # booting at the end: billed, no training
+    # The bill's rule (billing.meter): whole seconds rounded up after rounding to microseconds.
+    billed = [0.0] * slots
+    for w, begin, _, end in servers:
+        billed[w] += max(60.0, math.ceil(round(end - begin, 6)))
+    training = sum(max(0.0, end - max(trains, start_s)) for _, _, trains, end in servers)
+    return t, failed, revocations, float(sum(billed)), done, training, billed
 
 
 def test_kernel_matches_a_plain_python_simulation():
@@ -305,8 +397,21 @@ def test_kernel_matches_a_plain_python_simulation():
         options = {"recovery_s": float(rng.choice([0.0, 10.0, 45.5])),
                    "replacement_delay_s": float(rng.choice([INF, 0.0, 20.0, 120.0])),
                    "master_slot": int(rng.integers(0, slots)),
-                   "horizon_s": float(rng.choice([2000.0, 7 * 24 * 3600.0]))}
+                   "horizon_s": float(rng.choice([2000.0, 7 * 24 * 3600.0])),
+                   "start_s": float(rng.choice([0.0, 0.0, 30.0, 155.5]))}
         steps = float(rng.choice([100.0, 1000.0, 2345.5]))
+        # A growing cluster in half the cases: slots other than the master join at a step.
+        join_step = np.zeros(slots)
+        if rng.random() < 0.5:
+            joins = np.round(rng.uniform(0, steps, slots), -1 if grid else 3)
+            join_step = np.where(rng.random(slots) < 0.6, np.minimum(joins, steps - 1), 0.0)
+            join_step[options["master_slot"]] = 0.0
+        options["join_step"] = join_step
+        # A mixed cluster in a third of the cases: a rate for every set of active slots.
+        if rng.random() < 0.33:
+            options["rate_by_set"] = np.concatenate([[0.0], rng.uniform(0.2, 3.0, 2 ** slots - 1)])
+        options["join_delay_s"] = (float(rng.choice([0.0, 25.0, 140.0])) if rng.random() < 0.5
+                                   else rng.choice([0.0, 25.0, 140.0], slots))
         results = simulate_runs(revoked_at, noticed, lost, lives, throughput, steps, system, **options)
 
         noticed3 = noticed if per_server else np.repeat(noticed[:, :, None], generations + 1, axis=2)
@@ -314,10 +419,14 @@ def test_kernel_matches_a_plain_python_simulation():
         for r in range(runs):
             expected = reference_run(revoked_at[r], noticed3[r], lost3[r], lives[r], throughput, steps, system,
                                      options["recovery_s"], options["replacement_delay_s"], options["master_slot"],
-                                     options["horizon_s"])
+                                     options["horizon_s"], options["start_s"], join_step, options["join_delay_s"],
+                                     options.get("rate_by_set"))
             got = (results.time_s[r], results.failed[r], results.revocations[r], results.billed_seconds[r],
                    results.steps_done[r])
-            assert tuple(x.item() for x in got) == expected, f"case {case} run {r}: {options}, system {system}"
+            assert tuple(x.item() for x in got) == expected[:5], f"case {case} run {r}: {options}, system {system}"
+            # Summed in another order: equal up to rounding.
+            assert results.training_seconds[r] == pytest.approx(expected[5], rel=1e-12, abs=1e-9)
+            assert results.billed_by_slot[r].tolist() == expected[6]
 
 
 def test_servers_are_billed_by_the_bills_own_rule():

@@ -234,9 +234,14 @@ def add_workload_arguments(parser) -> None:
     parser.add_argument("--steps", type=int, default=64000, help="training steps of the job (default: the study's 64K)")
     parser.add_argument("--speed", action="append", default=[], metavar="GPU=STEPS_PER_S",
                         help="measured steps/s of one server of a type (k80 is calibrated from the study)")
+    parser.add_argument("--speed-from-run", action="append", default=[], metavar="[GPU=]RUN_ID",
+                        help="one server's steps/s from a run logged in MLflow (default GPU: the first asked for)")
+    parser.add_argument("--tracking-uri", help="the MLflow store of --speed-from-run (default: the project's)")
     parser.add_argument("--replacement-delay", type=float, default=float("inf"), metavar="SECONDS",
                         help="a revoked server is replaced after this long (default: never)")
-    parser.add_argument("--parameter-servers", type=int, default=0, help="always-on CPU servers billed on-demand")
+    parser.add_argument("--parameter-servers", type=int, default=None,
+                        help="always-on CPU servers billed on-demand (default: 1 for --system study, as the study "
+                             "had; else 0)")
     parser.add_argument("--commit-every", type=int, default=50, help="elastic: steps lost at most without a notice")
     parser.add_argument("--checkpoint-every", type=int, default=500, help="restart: steps lost at most per revocation")
     parser.add_argument("--recovery-seconds", type=float, help="pause per membership change (default by system)")
@@ -277,16 +282,22 @@ def build_parser() -> argparse.ArgumentParser:
     compare.set_defaults(func=cmd_compare)
     simulate = sub.add_parser("simulate", help="predict time, cost and failure of clusters from real revocations")
     simulate.add_argument("--gpu", default="k80", help="comma-separated GPU types (k80, p100, v100)")
-    simulate.add_argument("--workers", default="4", help="comma-separated cluster sizes")
+    simulate.add_argument("--workers", default="4",
+                          help="comma-separated cluster sizes, or one mixed cluster as GPU:COUNT,... (k80:2,p100:2)")
     simulate.add_argument("--market", default="spot", help="comma-separated: spot, on-demand")
     simulate.add_argument("--system", default="elastic",
                           help="comma-separated: elastic (this project), study (async PS, master fatal), restart")
     simulate.add_argument("--revocations", default="trace", choices=("trace", "lifetimes"),
                           help="replay the study's K80 cluster traces, or draw from its VM lifetimes")
+    simulate.add_argument("--revocation-rate", metavar="PERCENT",
+                          help="a cloud without traces: servers interrupted a month, a band (5-10, <5, >20) as "
+                               "EC2's Spot Instance Advisor gives; replaces --revocations")
     simulate.add_argument("--trace", metavar="CSV", help="replay your own trace (VM_name,Uptime,Revoked) instead of the study's")
     simulate.add_argument("--runs", type=int, default=10000, help="Monte Carlo runs per configuration")
     simulate.add_argument("--no-notices", action="store_true", help="revocations come without notice")
     simulate.add_argument("--csv", help="also write the table as CSV here")
+    simulate.add_argument("--schedule", metavar="STEP:+N,...",
+                          help="a growing cluster: add N servers when the job reaches STEP (16000:+1,32000:+1)")
     add_workload_arguments(simulate)
     simulate.set_defaults(func=cmd_simulate)
     plan = sub.add_parser("plan", help="search clusters for a budget or a deadline")
@@ -295,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--gpus", default="k80", help="comma-separated GPU types to consider")
     plan.add_argument("--markets", default="spot,on-demand", help="comma-separated markets to consider")
     plan.add_argument("--max-workers", type=int, default=8)
+    plan.add_argument("--mixed", action="store_true", help="also consider clusters of two GPU types (--gpus)")
     plan.add_argument("--system", default="elastic", choices=("elastic", "study", "restart"))
     plan.add_argument("--risk", type=float, default=0.1, help="largest acceptable chance of failing or going over")
     plan.add_argument("--runs", type=int, default=2000, help="Monte Carlo runs per configuration")

@@ -10,13 +10,20 @@ import csv
 import math
 from pathlib import Path
 
+from transientvod.planner.rate_band import parse_band
 from transientvod.planner.scenario import Cluster, Outcome, Simulator, Workload
-from transientvod.planner.study_data import PlanError
+from transientvod.planner.study_data import PlanError, gpu_type
 
+# "time h" and "cost $" are the cloud's: wall time and bill from renting the servers, their
+# provisioning included. "train h" and "study $" are the study's measure: training time, and
+# training server-seconds x prices; its tables are that, so compare them with these two.
 COLUMNS = (("configuration", "configuration", "s"), ("fail %", "failure_pct", ".1f"),
            ("revocations", "revocations_mean", ".2f"), ("time h", "time_h_mean", ".3f"),
            ("p50", "time_h_p50", ".3f"), ("p90", "time_h_p90", ".3f"), ("cost $", "cost_usd_mean", ".3f"),
-           ("p50", "cost_usd_p50", ".3f"), ("p90", "cost_usd_p90", ".3f"))
+           ("p50", "cost_usd_p50", ".3f"), ("p90", "cost_usd_p90", ".3f"),
+           ("train h", "training_h_mean", ".3f"), ("study $", "study_cost_usd_mean", ".3f"))
+MEASURES = ("time h and cost $: the cloud's wall time and bill, provisioning included; train h and study $: "
+            "the study's measure, training time and training server-seconds x prices")
 
 
 def parse_list(text: str, what: str, cast=str) -> list:
@@ -33,15 +40,78 @@ def parse_speeds(items: list[str]) -> dict[str, float]:
     speeds = {}
     for item in items:
         gpu, _, value = item.partition("=")
+        gpu = gpu_type(gpu)  # an unknown type is its own sentence
         try:
-            speeds[gpu.strip().lower()] = float(value)
+            speeds[gpu] = float(value)
         except ValueError:
             raise PlanError(f"--speed {item!r} must look like v100=14.2 (steps per second of one server).") from None
     return speeds
 
 
-def workload_from(args) -> Workload:
-    return Workload(steps=args.steps, single_worker_steps_per_s=parse_speeds(args.speed),
+def parse_mix(text: str) -> tuple:
+    """'k80:2,p100:2' -> (("k80", 2), ("p100", 2)): one mixed cluster."""
+    mix = []
+    for item in text.split(","):
+        gpu, _, count = item.strip().partition(":")
+        try:
+            count = int(count)
+        except ValueError:
+            raise PlanError(f"--workers entry {item.strip()!r} must look like p100:2 (GPU type:servers).") from None
+        if count < 1:
+            raise PlanError(f"--workers entry {item.strip()!r} has {count} servers; give 1 or more of each type.")
+        mix.append((gpu_type(gpu), count))
+    return tuple(mix)
+
+
+def parse_schedule(text: str | None) -> tuple:
+    """'16000:+1,32000:+1' -> ((16000, 1), (32000, 1)): servers added at steps."""
+    if not text:
+        return ()
+    schedule = []
+    for item in text.split(","):
+        step, _, count = item.strip().partition(":")
+        try:
+            step, count = int(step), int(count)
+        except ValueError:
+            raise PlanError(f"--schedule entry {item.strip()!r} must look like 16000:+1 (at step 16000, add 1 "
+                            "server).") from None
+        if step <= 0 or count <= 0 or not count_is_signed(item):
+            raise PlanError(f"--schedule entry {item.strip()!r} must add 1 or more servers (+N) at a step above 0; "
+                            "a schedule only adds servers.")
+        schedule.append((step, count))
+    return tuple(schedule)
+
+
+def count_is_signed(item: str) -> bool:
+    """'16000:+1' says it adds; '16000:1' could mean 'become 1', so it is refused."""
+    return item.partition(":")[2].strip().startswith("+")
+
+
+def speeds_from_runs(items: list[str], default_gpu: str, tracking_uri: str | None) -> dict[str, float]:
+    """--speed-from-run [GPU=]RUN_ID: one server's steps/s from a logged run (run_speed.py);
+    without GPU= it calibrates the first GPU type asked for."""
+    if not items:
+        return {}
+    from transientvod.planner.run_speed import speed_from_run
+    from transientvod.planner.speed import calibrate_k80
+    from transientvod.tracking.store import store_uri
+
+    k80 = calibrate_k80()
+    shape = k80.steps_per_second / k80.steps_per_second[1]
+    uri = store_uri(tracking_uri or "")
+    speeds = {}
+    for item in items:
+        gpu, sep, run_id = item.partition("=")
+        gpu, run_id = (gpu_type(gpu), run_id.strip()) if sep else (default_gpu, gpu.strip())
+        speeds[gpu], source = speed_from_run(uri, run_id, shape)
+        print(f"{gpu}: {source}")
+    return speeds
+
+
+def workload_from(args, default_gpu: str) -> Workload:
+    speeds = parse_speeds(args.speed)
+    speeds.update(speeds_from_runs(args.speed_from_run, default_gpu, args.tracking_uri))
+    return Workload(steps=args.steps, single_worker_steps_per_s=speeds,
                     commit_every=args.commit_every, checkpoint_every=args.checkpoint_every)
 
 
@@ -71,19 +141,32 @@ def write_csv(rows: list[dict], path) -> Path:
 
 
 def run_simulate(args) -> int:
-    workload = workload_from(args)
-    clusters = [Cluster(gpu, workers, market, system, replacement_delay_s=args.replacement_delay,
+    # --workers 2,4,8: sizes of one type each (--gpu); --workers k80:2,p100:2: one mixed cluster.
+    if ":" in args.workers:
+        shapes = [{"mix": parse_mix(args.workers)}]
+        first_gpu = shapes[0]["mix"][0][0]
+    else:
+        shapes = [{"gpu": gpu, "workers": workers} for gpu in parse_list(args.gpu, "--gpu")
+                  for workers in parse_list(args.workers, "--workers", int)]
+        first_gpu = gpu_type(shapes[0]["gpu"])
+    workload = workload_from(args, first_gpu)
+    clusters = [Cluster(**shape, market=market, system=system, replacement_delay_s=args.replacement_delay,
                         notices=not args.no_notices, parameter_servers=args.parameter_servers,
-                        staleness_speedup=args.staleness_speedup)
-                for gpu in parse_list(args.gpu, "--gpu") for workers in parse_list(args.workers, "--workers", int)
-                for market in parse_list(args.market, "--market") for system in parse_list(args.system, "--system")]
-    simulator = Simulator(workload, seed=args.seed, recovery_s=args.recovery_seconds, trace_path=args.trace)
-    rows = [simulator.run(cluster, args.runs, args.revocations).stats() for cluster in clusters]
-    source = ("the study's VM lifetimes" if args.revocations == "lifetimes"
+                        staleness_speedup=args.staleness_speedup, schedule=parse_schedule(args.schedule))
+                for shape in shapes for market in parse_list(args.market, "--market")
+                for system in parse_list(args.system, "--system")]
+    band = parse_band(args.revocation_rate) if args.revocation_rate is not None else None
+    revocations = "rate" if band is not None else args.revocations
+    simulator = Simulator(workload, seed=args.seed, recovery_s=args.recovery_seconds, trace_path=args.trace,
+                          revocation_rate=band)
+    rows = [simulator.run(cluster, args.runs, revocations).stats() for cluster in clusters]
+    source = (f"an interruption rate of {band.label} (exponential lives; no trace)" if band is not None
+              else "the study's VM lifetimes" if args.revocations == "lifetimes"
               else f"the trace {args.trace}" if args.trace else "the study's traces")
     print(f"{args.runs} simulated runs of {workload.steps} steps per configuration, revocations from "
           f"{source} (seed {args.seed}); "
-          "time and cost over the runs that finished:")
+          "time and cost over the runs that finished.")
+    print(MEASURES + ":")
     print(format_rows(rows), end="")
     if args.csv:
         print(f"wrote {write_csv(rows, args.csv)}")
@@ -102,6 +185,16 @@ def risk(outcome: Outcome, budget: float | None, deadline_h: float | None) -> fl
     return float(bad.mean())
 
 
+def cluster_shapes(gpus: list[str], max_workers: int, mixed: bool) -> list[dict]:
+    """Every size of every type, and with `mixed` every pair of types (1 or more of each) up to
+    max_workers servers in all."""
+    shapes = [{"gpu": gpu, "workers": n} for gpu in gpus for n in range(1, max_workers + 1)]
+    if mixed:
+        shapes += [{"mix": ((a, i), (b, n - i))} for x, a in enumerate(gpus) for b in gpus[x + 1:]
+                   for n in range(2, max_workers + 1) for i in range(1, n)]
+    return shapes
+
+
 def run_plan(args) -> int:
     if (args.budget is None) == (args.deadline is None):
         raise PlanError("give exactly one of --budget DOLLARS or --deadline HOURS.")
@@ -110,19 +203,18 @@ def run_plan(args) -> int:
         raise PlanError(f"{'--budget' if args.budget is not None else '--deadline'} is {limit}; it must be positive.")
     if not 0 <= args.risk < 1:
         raise PlanError(f"--risk is {args.risk}; give the largest acceptable chance of failing, from 0 to below 1.")
-    workload = workload_from(args)
+    workload = workload_from(args, gpu_type(parse_list(args.gpus, "--gpus")[0]))
     simulator = Simulator(workload, seed=args.seed, recovery_s=args.recovery_seconds)
     candidates = []
-    for gpu in parse_list(args.gpus, "--gpus"):
+    gpus = [gpu_type(g) for g in parse_list(args.gpus, "--gpus")]
+    for shape in cluster_shapes(gpus, args.max_workers, args.mixed):
         for market in parse_list(args.markets, "--markets"):
-            for workers in range(1, args.max_workers + 1):
-                cluster = Cluster(gpu, workers, market, args.system, replacement_delay_s=args.replacement_delay,
-                                  parameter_servers=args.parameter_servers,
-                                  staleness_speedup=args.staleness_speedup)
-                outcome = simulator.run(cluster, args.runs, "lifetimes")
-                row = outcome.stats()
-                row["risk_pct"] = 100.0 * risk(outcome, args.budget, args.deadline)
-                candidates.append(row)
+            cluster = Cluster(**shape, market=market, system=args.system, replacement_delay_s=args.replacement_delay,
+                              parameter_servers=args.parameter_servers, staleness_speedup=args.staleness_speedup)
+            outcome = simulator.run(cluster, args.runs, "lifetimes")
+            row = outcome.stats()
+            row["risk_pct"] = 100.0 * risk(outcome, args.budget, args.deadline)
+            candidates.append(row)
     by_budget = args.budget is not None
     goal = "time_h_mean" if by_budget else "cost_usd_mean"
     what = f"costing more than ${args.budget:g}" if by_budget else f"taking longer than {args.deadline:g} h"

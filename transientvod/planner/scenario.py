@@ -11,13 +11,26 @@ Revocations come either from the study's traces (`trace`: run r replays run r mo
 measured K80 clusters of that size; a VM that was still alive when the study's job ended is
 revoked later at a time drawn from the K80 lifetimes of VMs that lived at least that long)
 or from lifetimes (`lifetimes`: each server's revocation drawn from vm_lifetimes.csv of its
-GPU type; VMs that reached GCE's 24 h limit are censored, never revoked). Replacements, when
+GPU type; VMs that reached GCE's 24 h limit are censored, never revoked), or, for a cloud
+without traces, from a monthly interruption band (`rate`: rate_band.py). Replacements, when
 asked for, arrive after `replacement_delay_s` and live a lifetime drawn the same way.
+A cluster may grow (`schedule`: servers added at steps) or mix GPU types (`mix`: its rate
+for every set of servers up from mixed.py; trace replay covers only one type).
 
-Cost: every worker server billed per second with a one-minute minimum at the study's GCE
-price for its market, plus `parameter_servers` always-on CPU servers at the on-demand PS
-price for the whole run. The study's headline costs count only the GPU servers
-(1 on-demand K80 for 3.91 h at $0.723/h = $2.83), so its comparisons use none.
+A server's life: provisioning (booting and starting the job, billed, no training; fitted
+to the traces, provisioning.py), then training at the cluster's measured speed (the same
+on-demand or transient: the study's revocation-free transient clusters trained as fast as
+its on-demand ones), then revocation or the end.
+
+Two measures of every run, because the cloud and the study count differently:
+- the cloud's bill (`time_h`, `cost_usd`): wall time from renting the servers, and every
+  server billed per second with a one-minute minimum from its start, provisioning included,
+  at the study's GCE price for its market; plus `parameter_servers` always-on CPU servers at
+  the on-demand PS price for the whole run;
+- the study's measure (`training_h`, `study_cost_usd`): training time only, and each
+  server's training seconds times its price (the PS for the training time). The study's
+  tables are this measure, so they are compared with it.
+`--system study` rents one parameter server by default, as the study did; other systems none.
 """
 from __future__ import annotations
 
@@ -29,11 +42,14 @@ import numpy as np
 from transientvod.billing.prices import GCE_ON_DEMAND_USD_PER_HOUR, GCE_SPOT_USD_PER_HOUR
 from transientvod.config import MARKETS
 from transientvod.planner.montecarlo import ELASTIC, RESTART, STUDY, simulate_runs
-from transientvod.planner.speed import SpeedModel, calibrate_k80, scaled, slowdown_for, transient_slowdown
+from transientvod.planner.mixed import rate_by_set
+from transientvod.planner.provisioning import fit_provisioning
+from transientvod.planner.rate_band import RateBand
+from transientvod.planner.speed import SpeedModel, calibrate_k80, scaled, study_speed
 from transientvod.planner.study_data import TRACE_SIZES, PlanError, gpu_type, load_lifetimes, trace_runs
 
 SYSTEMS = {"study": STUDY, "elastic": ELASTIC, "restart": RESTART}
-REVOCATION_MODELS = ("trace", "lifetimes")
+REVOCATION_MODELS = ("trace", "lifetimes", "rate")  # rate: from a monthly interruption band (rate_band.py)
 # This project's measured recovery: Horovod re-formed the ring 0.7-2.7 s before each
 # revocation in benchmarks/revocations.py (2 cores, Gloo). GPU clusters re-initialise NCCL
 # as well, so the planner assumes 30 s; change it with --recovery-seconds.
@@ -45,8 +61,8 @@ REPLACEMENT_GENERATIONS = 4  # replacements per slot the simulation follows
 @dataclass(frozen=True)
 class Workload:
     steps: int = 64000  # the study's ResNet-32 job
-    # Steps/s of ONE server of each type. K80 is calibrated from the study; other types must
-    # be measured by the user (the study timed training only on K80s).
+    # Steps/s of ONE server of a type, overriding the study's (K80 calibrated on its runs,
+    # P100 and V100 from its single-server times).
     single_worker_steps_per_s: dict = field(default_factory=dict)
     commit_every: int = 50  # elastic: at most this many steps lost without a notice
     checkpoint_every: int = 500  # restart: at most this many steps lost per revocation
@@ -64,30 +80,71 @@ class Cluster:
     system: str = "elastic"
     replacement_delay_s: float = math.inf  # inf: revoked servers are not replaced
     notices: bool = True  # a revocation notice arrives first (GCE 30 s, EC2 2 min)
-    parameter_servers: int = 0
+    parameter_servers: int | None = None  # None: 1 for the study's system (it had one), else 0
     # Bounded-staleness training (exchange.staleness > 0) runs this much faster than
     # synchronous training when workers straggle; this project measured 1.32x at s=2 with one
     # of 2 ranks slowed by a random 0..2x of its step time (README, bounded staleness).
     staleness_speedup: float = 1.0
+    # A growing cluster: ((step, servers), ...): that many servers are requested when the job
+    # holds `step` steps, and join after their provisioning (the study's "dynamic cluster").
+    schedule: tuple = ()
+    # A mixed cluster: ((gpu, count), ...), e.g. (("k80", 2), ("p100", 2)); then `gpu` and
+    # `workers` are set from it (the first type's first server is the master).
+    mix: tuple = ()
 
     def __post_init__(self):
+        if self.mix:
+            mix = []
+            for item in self.mix:
+                if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], int)):
+                    raise PlanError(f"mixed-cluster entry {item!r} must be a pair (GPU type, count).")
+                if item[1] < 1:
+                    raise PlanError(f"mixed-cluster entry {item[0]}:{item[1]} must have 1 or more servers.")
+                mix.append((gpu_type(item[0]), item[1]))
+            if self.schedule:
+                raise PlanError("a schedule adds servers of one type; use it with a single-type cluster, not a "
+                                "mixed one.")
+            object.__setattr__(self, "mix", tuple(mix))
+            object.__setattr__(self, "gpu", mix[0][0])
+            object.__setattr__(self, "workers", sum(count for _, count in mix))
         object.__setattr__(self, "gpu", gpu_type(self.gpu))
         if self.market not in MARKETS:
             raise PlanError(f"market {self.market!r} is not one of {', '.join(MARKETS)}.")
         if self.system not in SYSTEMS:
             raise PlanError(f"system {self.system!r} is not one of {', '.join(SYSTEMS)}.")
+        if self.parameter_servers is None:
+            object.__setattr__(self, "parameter_servers", 1 if self.system == "study" else 0)
+        if not isinstance(self.parameter_servers, int) or self.parameter_servers < 0:
+            raise PlanError(f"parameter servers is {self.parameter_servers!r}; give a whole number, 0 or more.")
         if not isinstance(self.workers, int) or self.workers < 1:
             raise PlanError(f"workers is {self.workers!r}; a cluster needs 1 or more workers.")
         if not self.staleness_speedup > 0:
             raise PlanError(f"the staleness speed-up is {self.staleness_speedup}; it must be positive (1: synchronous).")
+        for item in self.schedule:
+            if not (isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, int) for x in item)):
+                raise PlanError(f"schedule entry {item!r} must be a pair (step, servers) of whole numbers.")
+            if item[0] <= 0 or item[1] <= 0:
+                raise PlanError(f"schedule entry {item[0]}:{item[1]:+d} must add 1 or more servers at a step after 0; "
+                                "a schedule only adds servers.")
         if self.replacement_delay_s < 0:
             raise PlanError(f"the replacement delay is {self.replacement_delay_s} s; it must be 0 or more.")
+
+    @property
+    def slot_gpus(self) -> list[str]:
+        """The GPU type of every slot, the master's first (scheduled servers are of `gpu`)."""
+        if self.mix:
+            return [gpu for gpu, count in self.mix for _ in range(count)]
+        return [self.gpu] * (self.workers + sum(count for _, count in self.schedule))
 
     @property
     def label(self) -> str:
         replace = "" if math.isinf(self.replacement_delay_s) else f", replaced after {self.replacement_delay_s:g} s"
         stale = "" if self.staleness_speedup == 1.0 else f", stale {self.staleness_speedup:g}x"
-        return f"{self.workers} x {self.gpu} {self.market} ({self.system}{stale}{replace})"
+        ps = f", {self.parameter_servers} PS" if self.parameter_servers else ""
+        grow = "".join(f", +{count} at {step}" for step, count in self.schedule)
+        servers = ("+".join(f"{count} x {gpu}" for gpu, count in self.mix) if self.mix
+                   else f"{self.workers} x {self.gpu}")
+        return f"{servers} {self.market} ({self.system}{ps}{stale}{replace}{grow})"
 
 
 @dataclass(frozen=True)
@@ -96,18 +153,21 @@ class Outcome:
 
     cluster: Cluster
     runs: int
-    time_h: np.ndarray  # every run's time to finish or fail
-    cost_usd: np.ndarray  # every run's bill, failed ones up to the failure
-    on_demand_usd: np.ndarray  # the same worker-seconds at on-demand prices
+    time_h: np.ndarray  # every run's wall time to finish or fail, provisioning included
+    cost_usd: np.ndarray  # every run's cloud bill, failed ones up to the failure
+    on_demand_usd: np.ndarray  # the same server-seconds at on-demand prices
     failed: np.ndarray
     revocations: np.ndarray
+    training_h: np.ndarray  # the study's measure: training time only
+    study_cost_usd: np.ndarray  # the study's measure: training server-seconds x prices
 
     def stats(self) -> dict:
         ok = ~self.failed
         row = {"configuration": self.cluster.label, "runs": self.runs,
                "failure_pct": 100.0 * float(np.mean(self.failed)),
                "revocations_mean": float(np.mean(self.revocations))}
-        for name, values in (("time_h", self.time_h[ok]), ("cost_usd", self.cost_usd[ok])):
+        for name, values in (("time_h", self.time_h[ok]), ("cost_usd", self.cost_usd[ok]),
+                             ("training_h", self.training_h[ok]), ("study_cost_usd", self.study_cost_usd[ok])):
             for stat, fn in (("mean", np.mean), ("p50", np.median), ("p90", lambda v: np.percentile(v, 90))):
                 row[f"{name}_{stat}"] = float(fn(values)) if values.size else math.nan
         return row
@@ -117,22 +177,24 @@ class Simulator:
     """Holds what every configuration shares (the calibrated speed, lifetimes, traces)."""
 
     def __init__(self, workload: Workload, seed: int = 0, recovery_s: float | None = None,
-                 trace_path: str | None = None):
+                 trace_path: str | None = None, revocation_rate: RateBand | None = None):
+        self.revocation_rate = revocation_rate  # the band the "rate" revocation model draws from
         self.workload = workload
         self.trace_path = trace_path  # your own trace (transientvod.spot.trace format) instead of the study's
         self.seed = seed
         self.recovery_s = recovery_s
         self._k80 = calibrate_k80()
-        self._slowdown, self.slowdown_source = transient_slowdown()
+        self.provisioning = fit_provisioning()
         self._lifetimes = {}
+        self._speeds = {}
 
     def speed(self, gpu: str) -> SpeedModel:
-        if gpu == "k80" and "k80" not in self.workload.single_worker_steps_per_s:
-            return self._k80
-        if gpu not in self.workload.single_worker_steps_per_s:
-            raise PlanError(f"no training speed for {gpu}: the study timed only K80s; measure one {gpu} server "
-                            f"and pass --speed {gpu}=STEPS_PER_SECOND.")
-        return scaled(self._k80, gpu, self.workload.single_worker_steps_per_s[gpu])
+        """The override (--speed) if given, else the study's speed of that type."""
+        if gpu in self.workload.single_worker_steps_per_s:
+            return scaled(self._k80, gpu, self.workload.single_worker_steps_per_s[gpu])
+        if gpu not in self._speeds:
+            self._speeds[gpu] = study_speed(gpu, self._k80)
+        return self._speeds[gpu]
 
     def lifetimes(self, gpu: str):
         if gpu not in self._lifetimes:
@@ -144,21 +206,28 @@ class Simulator:
             raise PlanError(f"revocation model {revocations!r} is not one of {', '.join(REVOCATION_MODELS)}.")
         if not isinstance(runs, int) or runs < 1:
             raise PlanError(f"runs is {runs!r}; simulate at least 1 run.")
+        if revocations == "rate" and self.revocation_rate is None:
+            raise PlanError("the rate revocation model needs a band: --revocation-rate 5-10 (percent a month).")
         rng = np.random.default_rng(self.seed)
-        n, gpu = cluster.workers, cluster.gpu
+        first, gpu = cluster.workers, cluster.gpu
+        join_step, join_delay = self._schedule(cluster)
+        n = join_step.size  # every slot, the scheduled ones included
         speed = self.speed(gpu)
         if n > speed.max_workers:
             raise PlanError(f"{n} workers is more than the speed model's {speed.max_workers}.")
         throughput = np.array(speed.steps_per_second[:n + 1]) * cluster.staleness_speedup
+        gpus = cluster.slot_gpus
+        rates = self._mixed_rates(cluster, speed) if cluster.mix else None
+        start_s = self.provisioning.seconds(first)
         if cluster.market == "spot":
-            # Transient clusters ran slower than on-demand ones even without revocations.
-            throughput = throughput / slowdown_for(self._slowdown, n)
             revoked_at = self._revocations(cluster, runs, revocations, rng)
+            if n > first:  # scheduled servers: lives from the lifetimes of their type, counted from the request
+                revoked_at = np.hstack([revoked_at, self._lives([gpu] * (n - first), rng, (runs, n - first),
+                                                                revocations)])
+            replacement_life = self._lives(gpus, rng, (runs, n, REPLACEMENT_GENERATIONS), revocations)
         else:
             revoked_at = np.full((runs, n), np.inf)
-        lifetimes = self.lifetimes(gpu) if cluster.market == "spot" else None
-        replacement_life = (lifetimes.sample(rng, (runs, n, REPLACEMENT_GENERATIONS)) if lifetimes is not None
-                            else np.full((runs, n, REPLACEMENT_GENERATIONS), np.inf))
+            replacement_life = np.full((runs, n, REPLACEMENT_GENERATIONS), np.inf)
         most_lost = self.workload.checkpoint_every if cluster.system == "restart" else self.workload.commit_every
         lost_steps = rng.uniform(0, most_lost, size=(runs, n))
         noticed = np.full((runs, n), cluster.notices)
@@ -167,20 +236,57 @@ class Simulator:
             recovery = {"study": 0.0, "elastic": ELASTIC_RECOVERY_S, "restart": RESTART_RECOVERY_S}[cluster.system]
         result = simulate_runs(revoked_at, noticed, lost_steps, replacement_life, throughput, self.workload.steps,
                                SYSTEMS[cluster.system], recovery_s=recovery,
-                               replacement_delay_s=cluster.replacement_delay_s)
-        price = (GCE_SPOT_USD_PER_HOUR if cluster.market == "spot" else GCE_ON_DEMAND_USD_PER_HOUR)[gpu]
+                               replacement_delay_s=cluster.replacement_delay_s, start_s=start_s,
+                               join_step=join_step, join_delay_s=join_delay, rate_by_set=rates)
+        prices = GCE_SPOT_USD_PER_HOUR if cluster.market == "spot" else GCE_ON_DEMAND_USD_PER_HOUR
+        price = np.array([prices[g] for g in gpus])  # per slot
+        on_demand_price = np.array([GCE_ON_DEMAND_USD_PER_HOUR[g] for g in gpus])
+        ps_price = GCE_ON_DEMAND_USD_PER_HOUR["ps"]
         time_s = np.asarray(result.time_s)
         ps_seconds = np.maximum(60.0, np.ceil(time_s)) * cluster.parameter_servers
-        worker_seconds = np.asarray(result.billed_seconds)
-        cost = (worker_seconds * price + ps_seconds * GCE_ON_DEMAND_USD_PER_HOUR["ps"]) / 3600.0
-        on_demand = (worker_seconds * GCE_ON_DEMAND_USD_PER_HOUR[gpu] + ps_seconds * GCE_ON_DEMAND_USD_PER_HOUR["ps"]) / 3600.0
+        cost = (result.billed_by_slot @ price + ps_seconds * ps_price) / 3600.0
+        on_demand = (result.billed_by_slot @ on_demand_price + ps_seconds * ps_price) / 3600.0
+        training_s = np.maximum(time_s - start_s, 0.0)
+        study_cost = (result.training_by_slot @ price + training_s * cluster.parameter_servers * ps_price) / 3600.0
         return Outcome(cluster, runs, time_s / 3600.0, cost, on_demand, np.asarray(result.failed),
-                       np.asarray(result.revocations))
+                       np.asarray(result.revocations), training_s / 3600.0, study_cost)
+
+    def _lives(self, gpus: list[str], rng, shape, model: str = "lifetimes") -> np.ndarray:
+        """Lifetimes drawn for slots of the given types ([runs, slots, ...]); one draw for one type.
+        The trace model's later servers (replacements, scheduled ones) live like its lifetimes."""
+        if model == "rate":
+            return self.revocation_rate.sample(rng, shape)
+        if len(set(gpus)) == 1:
+            return self.lifetimes(gpus[0]).sample(rng, shape)
+        return np.stack([self.lifetimes(g).sample(rng, (shape[0],) + tuple(shape[2:])) for g in gpus], axis=1)
+
+    def _mixed_rates(self, cluster: Cluster, k80_shape: SpeedModel) -> np.ndarray:
+        """Steps/s for every set of up servers (mixed.py): the study's asynchronous PS adds the
+        servers' speeds, synchronous training (elastic, restart) waits for the slowest."""
+        shape = np.asarray(self._k80.steps_per_second) / self._k80.steps_per_second[1]
+        single = [self.speed(g).throughput(1) for g in cluster.slot_gpus]
+        rule = "sum" if cluster.system == "study" else "slowest"
+        return rate_by_set(single, shape, rule) * cluster.staleness_speedup
+
+    def _schedule(self, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
+        """Per slot: the step at which it is requested (0: from the start), and its provisioning
+        (that of the servers requested with it; 0 for the first ones, whose start_s covers it)."""
+        join_step, join_delay = [0.0] * cluster.workers, [0.0] * cluster.workers
+        for step, count in sorted(cluster.schedule):
+            if step >= self.workload.steps:
+                raise PlanError(f"the schedule adds servers at step {step}, but the job has only "
+                                f"{self.workload.steps} steps (--steps); give steps below it.")
+            join_step += [float(step)] * count
+            join_delay += [self.provisioning.seconds(count)] * count
+        return np.array(join_step), np.array(join_delay)
 
     def _revocations(self, cluster: Cluster, runs: int, model: str, rng) -> np.ndarray:
         n = cluster.workers
-        if model == "lifetimes":
-            return self.lifetimes(cluster.gpu).sample(rng, (runs, n))
+        if model in ("lifetimes", "rate"):
+            return self._lives(cluster.slot_gpus[:n], rng, (runs, n), model)
+        if cluster.mix:
+            raise PlanError("the study's traces are of K80 clusters of one type; simulate a mixed cluster with "
+                            "--revocations lifetimes.")
         if self.trace_path is None and (cluster.gpu != "k80" or n not in TRACE_SIZES):
             raise PlanError(f"the study's traces are of {', '.join(map(str, TRACE_SIZES))} K80 servers, not {n} x "
                             f"{cluster.gpu}; use the lifetimes revocation model (--revocations lifetimes).")

@@ -4,9 +4,12 @@
     model.time_for(64000, 4)                 # seconds for 64K steps on 4 workers
     print(model.source)                      # where every number came from
     v100 = scaled(model, "v100", 12.0)       # your own 1-V100 speed, K80's scaling shape
+    p100 = study_speed("p100")               # the study's single-P100 runs, K80's scaling shape
 
-The study measured training speed only on K80 servers (ResNet-32 on CIFAR-10, batch 128,
-asynchronous training with one parameter server), so other GPU types borrow K80's shape.
+The study measured training speed for every cluster size only on K80 servers (ResNet-32 on
+CIFAR-10, batch 128, asynchronous training with one parameter server); P100 and V100 it
+timed only as single servers (its published table: 1.50 h and 1.23 h for 64K steps), so
+they borrow K80's shape.
 Never imports torch or horovod.
 """
 from __future__ import annotations
@@ -147,34 +150,23 @@ def scaled(model: SpeedModel, gpu: str, single_worker_steps_per_second: float) -
     return SpeedModel(gpu=gpu, steps_per_second=model.steps_per_second * factor, source=source)
 
 
-def transient_slowdown(sizes=(2, 4, 8)) -> tuple[dict[int, float], str]:
-    """How much longer a transient K80 cluster of n servers took than an on-demand one, when
-    none of its servers was revoked: {n: slowdown}, and how it was measured.
+def study_speed(gpu: str, k80: SpeedModel | None = None) -> SpeedModel:
+    """The study's speed of a GPU type: K80 calibrated for every size (calibrate_k80); P100 and
+    V100 from the single-server time of the study's published table (64K steps over
+    "1 P100 transient" 1.50 h and "1 V100 transient" 1.23 h, training time), scaled with
+    K80's shape."""
+    from transientvod.planner.study_tables import published_rows  # only P100/V100 need the README
 
-    The study's transient clusters ran in four zones at once and their VMs' uptimes include
-    the cluster's start-up; revocation-free runs of the traces took 2.6 % (2 servers), 7 %
-    (4) and 23 % (8) longer than the on-demand runs of the same size. Measured as the mean
-    of max VM uptime over the runs in which every VM completed the job, divided by the mean
-    on-demand duration; a planner multiplies a transient cluster's step time by it.
-    """
-    from transientvod.planner.study_data import trace_runs  # here: only this function needs traces
-
-    slowdown, lines = {}, []
-    for n in sizes:
-        clean = [max(vm.uptime_s for vm in run.vms) for run in trace_runs(n)
-                 if all(vm.outcome == "completed" for vm in run.vms)]
-        if not clean:
-            raise PlanError(f"the {n}-worker trace has no run without a revocation; cannot measure its slowdown.")
-        on_demand = ondemand_runs(n).mean_duration_s
-        slowdown[n] = float(np.mean(clean)) / on_demand
-        lines.append(f"  n={n}: {slowdown[n]:.4f} = mean duration {np.mean(clean):.1f} s of {len(clean)} "
-                     f"revocation-free transient runs / {on_demand:.1f} s on-demand")
-    return slowdown, "transient K80 slowdown against on-demand, by cluster size:\n" + "\n".join(lines)
-
-
-def slowdown_for(slowdown: dict[int, float], n: int) -> float:
-    """The slowdown of a transient cluster of n servers: 1 for one server (no peers in other
-    zones; not measured), linear between measured sizes, the largest size's beyond it."""
-    sizes = [1] + sorted(slowdown)
-    values = [1.0] + [slowdown[s] for s in sorted(slowdown)]
-    return float(np.interp(n, sizes, values))
+    gpu = gpu_type(gpu)
+    k80 = k80 if k80 is not None else calibrate_k80()
+    if gpu == "k80":
+        return k80
+    row = published_rows().get(f"1 {gpu.upper()} transient")
+    if row is None or row.time_h is None:
+        raise PlanError(f"the study's data README has no time for '1 {gpu.upper()} transient'; pass "
+                        f"--speed {gpu}=STEPS_PER_S.")
+    speed = FULL_JOB_STEPS / (row.time_h * 3600.0)
+    model = scaled(k80, gpu, speed)
+    source = (f"{gpu.upper()}: 1 server = {FULL_JOB_STEPS} steps / {row.time_h} h (the study's published single-"
+              f"{gpu.upper()} time) = {speed:.4f} steps/s\n" + model.source)
+    return SpeedModel(gpu=gpu, steps_per_second=model.steps_per_second, source=source)
