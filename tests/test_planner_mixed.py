@@ -97,6 +97,14 @@ def test_mixed_cluster_from_the_command_line():
     assert "2 x k80+2 x p100 on-demand (study, 1 PS)" in done.stdout
 
 
+def test_one_type_written_as_a_mix_is_the_plain_cluster():
+    """k80:4 is 4 K80s: replayed from the study's 4-K80 traces, and a schedule may grow it."""
+    as_mix = transientvod("simulate", "--workers", "k80:4", "--runs", "50", "--schedule", "32000:+1")
+    plain = transientvod("simulate", "--workers", "4", "--runs", "50", "--schedule", "32000:+1")
+    assert as_mix.returncode == 0, as_mix.stderr
+    assert as_mix.stdout == plain.stdout
+
+
 @pytest.mark.parametrize("workers, fragment", [
     ("k80:2,a100:2", "GPU type 'a100' is unknown"),
     ("k80:2,p100:-1", "has -1 servers"),

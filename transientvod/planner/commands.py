@@ -142,9 +142,12 @@ def write_csv(rows: list[dict], path) -> Path:
 
 def run_simulate(args) -> int:
     # --workers 2,4,8: sizes of one type each (--gpu); --workers k80:2,p100:2: one mixed cluster.
-    if ":" in args.workers:
+    if ":" in args.workers and len(parse_mix(args.workers)) > 1:
         shapes = [{"mix": parse_mix(args.workers)}]
         first_gpu = shapes[0]["mix"][0][0]
+    elif ":" in args.workers:  # k80:4 is one type: the plain cluster, traces and schedules allowed
+        (gpu, workers), = parse_mix(args.workers)
+        shapes, first_gpu = [{"gpu": gpu, "workers": workers}], gpu
     else:
         shapes = [{"gpu": gpu, "workers": workers} for gpu in parse_list(args.gpu, "--gpu")
                   for workers in parse_list(args.workers, "--workers", int)]
