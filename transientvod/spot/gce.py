@@ -51,6 +51,7 @@ import google.auth.exceptions
 import requests
 from google.auth.transport.requests import AuthorizedSession
 
+from transientvod.config import SPOT_HOST_NAMES
 from transientvod.spot.hosts import GONE, NOTICED, USABLE, HostStatus
 from transientvod.spot.notice_gce import GCE_PREEMPTION_NOTICE_SECONDS
 from transientvod.spot.provider import ProviderError, SpotProvider
@@ -71,7 +72,6 @@ PAGE_SIZE = 500  # the API's largest maxResults
 NOT_YET = frozenset({"PROVISIONING", "STAGING", "PENDING"})
 NOTICED_STATUSES = frozenset({"STOPPING", "SUSPENDING", "PENDING_STOP"})
 GONE_STATUSES = frozenset({"TERMINATED", "STOPPED", "SUSPENDED", "REPAIRING", "DEPROVISIONING"})
-HOST_NAME_FIELDS = ("private-dns", "private-ip")  # config.SPOT_HOST_NAMES
 # An instance the job listed before and no longer lists stays "gone" this long, so the watcher
 # and the bill see its end; then it is forgotten, so memory does not grow.
 UNLISTED_SECONDS = 600.0
@@ -111,8 +111,8 @@ class GceProvider(SpotProvider):
     def __init__(self, job_label: str, project: str = "", zone: str = "", endpoint_url: str = "",
                  host_name: str = "private-dns", slots: int = 0):
         self.label_key, self.label_value = parse_job_label(job_label)
-        if host_name not in HOST_NAME_FIELDS:
-            raise ValueError(f"host_name is {host_name!r}; it must be one of {', '.join(HOST_NAME_FIELDS)}.")
+        if host_name not in SPOT_HOST_NAMES:
+            raise ValueError(f"host_name is {host_name!r}; it must be one of {', '.join(SPOT_HOST_NAMES)}.")
         if slots < 0:
             raise ValueError(f"slots is {slots}; it must be at least 1, or 0 to count each instance's GPUs.")
         self.zone = zone
