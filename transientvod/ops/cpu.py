@@ -321,15 +321,14 @@ _SUM_CHUNK = 2048
 
 
 @njit(cache=True)
-def _add_half_row(total, row):
-    for i in range(total.shape[0]):
-        total[i] = total[i] + _half_value(row[i])
-
-
-@njit(cache=True)
-def _add_bf16_row(total, row):
-    for i in range(total.shape[0]):
-        total[i] = total[i] + _bf16_value(row[i])
+def _add_16bit_row(total, row, bf16):
+    """Add one row of fp16 (bf16 False) or bf16 bit patterns; the branch is per row, not per element."""
+    if bf16:
+        for i in range(total.shape[0]):
+            total[i] = total[i] + _bf16_value(row[i])
+    else:
+        for i in range(total.shape[0]):
+            total[i] = total[i] + _half_value(row[i])
 
 
 @njit(cache=True)
@@ -351,7 +350,8 @@ def _average_chunk(total, inv_n):
 
 
 @njit(parallel=True, cache=True)
-def _sum_fp16(payloads, out, inv_n):
+def _sum_16bit(payloads, out, inv_n, bf16):
+    """fp16 or bf16 rows (uint16 bit patterns: numba has no float16 on CPU), chunk by chunk."""
     k, m = payloads.shape
     bad = 0
     for c in prange((m + _SUM_CHUNK - 1) // _SUM_CHUNK):
@@ -360,22 +360,7 @@ def _sum_fp16(payloads, out, inv_n):
         total = out[start:stop]
         total[:] = _ZERO
         for row in range(k):
-            _add_half_row(total, payloads[row, start:stop])
-        bad += _average_chunk(total, inv_n)
-    return bad
-
-
-@njit(parallel=True, cache=True)
-def _sum_bf16(payloads, out, inv_n):
-    k, m = payloads.shape
-    bad = 0
-    for c in prange((m + _SUM_CHUNK - 1) // _SUM_CHUNK):
-        start = c * _SUM_CHUNK
-        stop = min(start + _SUM_CHUNK, m)
-        total = out[start:stop]
-        total[:] = _ZERO
-        for row in range(k):
-            _add_bf16_row(total, payloads[row, start:stop])
+            _add_16bit_row(total, payloads[row, start:stop], bf16)
         bad += _average_chunk(total, inv_n)
     return bad
 
@@ -435,5 +420,4 @@ def decompress_sum_(payloads: torch.Tensor, out: torch.Tensor, inv_n: float,
     p, o, inv = _array(payloads), _array(out), np.float32(inv_n)
     if payloads.dtype == torch.int8:
         return _sum_int8(p, _array(scales), o, inv, block) > 0
-    kernel = _sum_fp16 if payloads.dtype == torch.float16 else _sum_bf16
-    return kernel(p, o, inv) > 0
+    return _sum_16bit(p, o, inv, payloads.dtype == torch.bfloat16) > 0
