@@ -296,7 +296,7 @@ def moto_enforces_iam(endpoint: str, on: bool) -> None:
     urllib.request.urlopen(request, timeout=10).read()
 
 
-def user_without(cloud: Cloud, denied: str) -> dict:
+def user_without(cloud: Cloud, denied) -> dict:
     """The environment of an IAM user who may do everything setup does but `denied`."""
     cloud.iam.create_user(UserName="setup-user")
     cloud.iam.put_user_policy(UserName="setup-user", PolicyName="almost-everything", PolicyDocument=json.dumps({
@@ -331,6 +331,31 @@ def test_a_missing_permission_is_named_and_nothing_this_run_made_is_left(cloud, 
     assert list(reported(done).values()) == ["created"] * created_before_it
     assert cloud.inventory() == empty
     assert not (tmp_path / "aws.yaml").exists()
+
+
+def test_a_rollback_that_fails_too_names_what_remains_and_the_command_that_removes_it(cloud, tmp_path):
+    # Denied the last step, and denied deleting the instance profile the rollback must remove.
+    env = user_without(cloud, ["iam:AddRoleToInstanceProfile", "iam:DeleteInstanceProfile"])
+    moto_enforces_iam(cloud.endpoint, True)
+    try:
+        done = cloud.aws("setup", env=env, cwd=tmp_path)
+    finally:
+        moto_enforces_iam(cloud.endpoint, False)
+
+    sentence = one_sentence(done)
+    assert sentence.startswith("transientvod: AWS denied iam:AddRoleToInstanceProfile"), sentence
+    assert (f"removing what this run created failed at instance profile {NAMES.instance_profile} (AWS denied "
+            f"iam:DeleteInstanceProfile") in sentence
+    # The rest of the rollback went on: only the profile remains.
+    assert sentence.endswith(f"so instance profile {NAMES.instance_profile} remains: run `transientvod aws "
+                             f"teardown --job-tag {JOB} --region {REGION}` once that works."), sentence
+    left = cloud.inventory()
+    assert left["profiles"] == [(NAMES.instance_profile, ())]
+    assert left["queues"] == left["rules"] == left["roles"] == []
+    # And that command does remove it all.
+    assert cloud.aws("teardown").returncode == 0
+    assert cloud.inventory() == {"queues": [], "rules": [], "targets": [], "roles": [], "role policies": [],
+                                 "profiles": []}
 
 
 def test_a_rollback_leaves_what_existed_before_the_run(cloud, tmp_path):

@@ -109,17 +109,21 @@ class AwsSetup:
             self.say(f"  {part.what}: {REMOVED if gone else ABSENT}")
 
     def _rolled_back(self, sentence: str, made: list[Part]) -> str:
-        """The failure's sentence, extended with what became of the parts this run made."""
-        for index, part in enumerate(reversed(made)):
+        """The failure's sentence, extended with what became of the parts this run made. A part
+        that cannot be deleted does not stop the rest: each one removed is one less to remain."""
+        left, first_failure = [], None
+        for part in reversed(made):
             try:
                 part.delete()
                 log.info("rolled back %s", part.what)
             except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
-                left = [p.what for p in reversed(made)][index:]
-                return (f"{sentence.rstrip('.')}; removing what this run created failed at {part.what} "
-                        f"({self._sentence(e, part.what).rstrip('.')}), so "
-                        f"{', '.join(left)} remain: run `transientvod aws teardown --job-tag {self.names.job_tag} "
-                        f"--region {self.region}` once that works.")
+                left.append(part.what)
+                first_failure = first_failure or (part.what, self._sentence(e, part.what).rstrip("."))
+        if left:
+            return (f"{sentence.rstrip('.')}; removing what this run created failed at {first_failure[0]} "
+                    f"({first_failure[1]}), so {', '.join(left)} remain{'s' if len(left) == 1 else ''}: run "
+                    f"`transientvod aws teardown --job-tag {self.names.job_tag} --region {self.region}` "
+                    "once that works.")
         if not made:
             return f"{sentence.rstrip('.')}; this run created nothing."
         return f"{sentence.rstrip('.')}; the {len(made)} parts this run created were removed again."
