@@ -7,8 +7,10 @@ first: what exists is reported as "already exists" and left alone (a policy whos
 differs is rewritten and reported "updated"), so running setup twice makes nothing new.
 
 A call that fails (most often one the credentials may not make) ends setup with one
-sentence naming the call, after the parts *this run* created are deleted again, newest
-first: nothing half-made is left behind, and what existed before the run is not touched.
+sentence naming the call's permission, after the parts *this run* created are deleted again,
+newest first: nothing half-made is left behind, and what existed before the run stays (a
+policy this run rewrote keeps its new document). If a deletion is refused too, the sentence
+lists what remains and the teardown command that removes it.
 
 Teardown deletes the same parts in the reverse order (a rule's target before the rule, the
 role out of its profile before either is deleted) and reports each one that was already
