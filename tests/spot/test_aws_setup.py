@@ -254,6 +254,24 @@ def test_setup_twice_makes_nothing_new_and_everything_is_tagged(cloud, tmp_path)
         {"Key": "transientvod:job", "Value": JOB}]
 
 
+def test_setup_puts_back_a_rule_that_was_disabled_or_changed(cloud, tmp_path):
+    assert cloud.aws("setup", "--fragment", str(tmp_path / "aws.yaml")).returncode == 0
+    disabled, changed = list(NAMES.rules)[:2]
+    cloud.events.disable_rule(Name=disabled)
+    cloud.events.put_rule(Name=changed, EventPattern=json.dumps({"source": ["aws.ec2"]}))
+
+    again = cloud.aws("setup", "--fragment", str(tmp_path / "aws.yaml"))
+
+    assert again.returncode == 0, again.stderr
+    changes = {part: what for part, what in reported(again).items() if what != "already exists"}
+    assert changes == {f"EventBridge rule {disabled} ({NAMES.rules[disabled]})": "updated",
+                       f"EventBridge rule {changed} ({NAMES.rules[changed]})": "updated"}
+    for rule in (disabled, changed):
+        answer = cloud.events.describe_rule(Name=rule)
+        assert answer["State"] == "ENABLED"
+        assert json.loads(answer["EventPattern"]) == aws_names.event_pattern(NAMES.rules[rule])
+
+
 def test_teardown_removes_everything_and_a_second_teardown_finds_nothing(cloud, tmp_path):
     empty = cloud.inventory()
     assert cloud.aws("setup", "--fragment", str(tmp_path / "aws.yaml")).returncode == 0

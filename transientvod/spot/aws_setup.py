@@ -4,7 +4,8 @@ Setup makes, in this order: the SQS notice queue, its policy, one EventBridge ru
 event kind (aws_names.RULE_KINDS) with the queue as its target, and the workers' IAM role,
 its inline policy, an instance profile and the role inside it. Each part is looked up
 first: what exists is reported as "already exists" and left alone (a policy whose document
-differs is rewritten and reported "updated"), so running setup twice makes nothing new.
+differs, or a rule that is disabled or has another pattern, is rewritten and reported
+"updated"), so running setup twice makes nothing new.
 
 A call that fails (most often one the credentials may not make) ends setup with one
 sentence naming the call's permission, after the parts *this run* created are deleted again,
@@ -141,7 +142,7 @@ class AwsSetup:
         ]
         for rule, kind in n.rules.items():
             parts += [
-                Part(f"EventBridge rule {rule} ({kind})", lambda r=rule: self._rule_state(r),
+                Part(f"EventBridge rule {rule} ({kind})", lambda r=rule, k=kind: self._rule_state(r, k),
                      lambda r=rule, k=kind: self._put_rule(r, k), lambda r=rule: self._delete_rule(r)),
                 Part(f"target of {rule}: the queue", lambda r=rule: self._target_state(r),
                      lambda r=rule: self._put_target(r), lambda r=rule: self._remove_target(r)),
@@ -213,8 +214,15 @@ class AwsSetup:
 
     # EventBridge ----------------------------------------------------------------------------
 
-    def _rule_state(self, rule: str) -> str | None:
-        return EXISTS if _or_none(lambda: self._events.describe_rule(Name=rule)) else None
+    def _rule_state(self, rule: str, kind: str) -> str | None:
+        """A rule someone disabled, or one with another pattern, forwards the wrong events or
+        none: setup puts it back as it makes it."""
+        answer = _or_none(lambda: self._events.describe_rule(Name=rule))
+        if answer is None:
+            return None
+        pattern = json.loads(answer.get("EventPattern") or "{}")
+        same = pattern == aws_names.event_pattern(kind) and answer.get("State") == "ENABLED"
+        return EXISTS if same else UPDATED
 
     def _put_rule(self, rule: str, kind: str) -> None:
         self._events.put_rule(Name=rule, EventPattern=json.dumps(aws_names.event_pattern(kind)), State="ENABLED",
