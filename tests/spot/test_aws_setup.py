@@ -416,3 +416,18 @@ def test_names_derive_from_the_tag_alone():
                                          STATE_CHANGE}
     longest = SetupNames.for_job("x" * aws_names.JOB_TAG_MAX)
     assert max(len(n) for n in [*longest.rules, longest.role]) == 64  # EventBridge and IAM's limit
+
+
+def test_no_credentials_is_one_sentence_and_makes_nothing(cloud, tmp_path):
+    empty = tmp_path / "empty"
+    empty.write_text("")
+    env = {k: v for k, v in os.environ.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    env.update(AWS_SHARED_CREDENTIALS_FILE=str(empty), AWS_CONFIG_FILE=str(empty), AWS_EC2_METADATA_DISABLED="true")
+
+    done = cloud.aws("setup", env=env, cwd=tmp_path)
+
+    assert one_sentence(done) == ("transientvod: no AWS credentials found; configure them (aws configure, environment "
+                                  "variables, or an instance role); this run created nothing.")
+    assert cloud.inventory() == {"queues": [], "rules": [], "targets": [], "roles": [], "role policies": [],
+                                 "profiles": []}
+    assert list(tmp_path.iterdir()) == [empty]  # no fragment either
