@@ -14,6 +14,8 @@ instance role may take a metadata round trip), and a missing one then reads
 """
 from __future__ import annotations
 
+from xml.etree import ElementTree
+
 import boto3
 import botocore.exceptions
 from botocore.config import Config
@@ -58,9 +60,27 @@ def aws_client(service: str, region: str | None = None, endpoint_url: str | None
     return session.client(service, region_name=region, endpoint_url=endpoint_url, config=config)
 
 
+def error_details(error: botocore.exceptions.ClientError) -> tuple[str | None, str]:
+    """(code, message) of an AWS error answer. An endpoint that answers a JSON-protocol call
+    (SQS, EventBridge) with an XML error body, as moto does when it enforces IAM and as some
+    proxies do, leaves botocore with the HTTP status as the code and the raw XML as the
+    message: the code and message are read from that XML then, so the error still says what
+    it is (AccessDenied) instead of pasting markup into the sentence."""
+    details = error.response.get("Error", {})
+    code, message = details.get("Code"), details.get("Message") or ""
+    if str(code).isdigit() and message.lstrip().startswith("<"):
+        try:
+            root = ElementTree.fromstring(message.strip())
+        except ElementTree.ParseError:
+            return code, f"HTTP {code} with a body that is not an AWS error"
+        found = {element.tag.rsplit("}", 1)[-1]: (element.text or "") for element in root.iter()}
+        return found.get("Code") or code, found.get("Message", "")
+    return code, message
+
+
 def client_error_codes(error: botocore.exceptions.ClientError) -> set:
     details = error.response.get("Error", {})
-    return {details.get("Code"), details.get("QueryErrorCode")}
+    return {details.get("Code"), details.get("QueryErrorCode"), error_details(error)[0]}
 
 
 def aws_error_sentence(error: Exception, call: str, region: str | None, whose: str) -> str:
@@ -83,13 +103,14 @@ def aws_error_sentence(error: Exception, call: str, region: str | None, whose: s
         return (f"the AWS endpoint {e.kwargs.get('endpoint_url', '?')} did not answer {call} in time; "
                 "check the network (the next poll tries again).")
     if isinstance(e, botocore.exceptions.ClientError):
-        details = e.response.get("Error", {})
+        code, message = error_details(e)
         codes = client_error_codes(e)
         if codes & ACCESS_DENIED_CODES:
             return f"AWS denied {call} to these credentials; grant that permission to {whose} user or role."
         if codes & CREDENTIALS_REJECTED_CODES:
-            return (f"AWS rejected the credentials for {call} ({details.get('Code')}); "
+            return (f"AWS rejected the credentials for {call} ({code}); "
                     "check or refresh them (aws configure, environment variables, or an instance role).")
-        message = (details.get("Message") or "no message").rstrip(".")
-        return f"AWS answered {call} with {details.get('Code')}: {message}."
+        # One line, whatever the server sent.
+        message = " ".join(message.split()).rstrip(".") or "no message"
+        return f"AWS answered {call} with {code}: {message}."
     return f"the AWS call {call} failed ({e})."

@@ -13,6 +13,10 @@
                                           the best clusters for a budget or deadline, and why
     transientvod fleet --job-tag JOB --instance-types T1,T2 --target N --image-id AMI --price T1=0.9 ...
                                           keep N spot instances alive within a budget, then terminate them
+    transientvod aws setup --job-tag JOB --region R [--config FILE] [--fragment FILE]
+                                          the SQS queue, EventBridge rules and worker role queue mode needs
+    transientvod aws teardown --job-tag JOB --region R
+                                          removes what setup made
     transientvod testbed up --hosts N [--bandwidth 100mbit] | down | status | vanish HOST | kill HOST
                          | restore HOST | exec -- COMMAND
                                           a real cluster on this machine (root): namespaced hosts with sshd
@@ -173,6 +177,33 @@ def cmd_fleet(args) -> int:
     return 0
 
 
+def cmd_aws(args) -> int:
+    from transientvod.spot.aws_setup import AwsSetup, config_fragment
+
+    s3_prefix = ""
+    if args.action == "setup" and (args.config or args.set):
+        checkpoint_dir = load_config(args.config, args.set).checkpoint.dir
+        s3_prefix = checkpoint_dir if checkpoint_dir.startswith("s3://") else ""
+    try:
+        setup = AwsSetup(args.job_tag, args.region, endpoint_url=args.endpoint_url, s3_prefix=s3_prefix)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    names = setup.names
+    if args.action == "teardown":
+        print(f"transientvod aws teardown: job {names.job_tag} in {args.region}", flush=True)
+        setup.teardown()
+        return 0
+    print(f"transientvod aws setup: job {names.job_tag} in {args.region}"
+          + (f", workers may read and write {s3_prefix}" if s3_prefix else ""), flush=True)
+    queue_url = setup.setup()
+    fragment = Path(args.fragment or f"transientvod-aws-{names.job_tag}.yaml")
+    fragment.write_text(config_fragment(names.job_tag, args.region, queue_url, args.endpoint_url))
+    print(f"transientvod aws setup: queue {queue_url} written to {fragment}; launch the workers with "
+          f"instance profile {names.instance_profile} (aws ec2 run-instances --iam-instance-profile "
+          f"Name={names.instance_profile}).", flush=True)
+    return 0
+
+
 def finish(result) -> int:
     if result.returncode != 0 or result.summary is None:
         print(f"transientvod: {result.why}" if result.why else
@@ -330,6 +361,20 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_argument("--poll-seconds", type=float, default=30.0)
     fleet.add_argument("--dry-run", action="store_true", help="print what it would do; change nothing")
     fleet.set_defaults(func=cmd_fleet)
+    aws = sub.add_parser("aws", help="make or remove the queue, rules and role that queue mode needs")
+    aws_verbs = aws.add_subparsers(dest="action", required=True)
+    for action, text in (("setup", "make what is missing (twice makes nothing new)"),
+                         ("teardown", "remove all that setup made")):
+        verb = aws_verbs.add_parser(action, help=text)
+        verb.add_argument("--job-tag", required=True, help="value of the transientvod:job tag; names every part")
+        verb.add_argument("--region", required=True, help="the region of the job's instances, for example us-east-1")
+        verb.add_argument("--endpoint-url", help="an AWS-compatible endpoint instead of AWS's own")
+        if action == "setup":
+            verb.add_argument("--config", help="the job's config: an s3:// checkpoint.dir lets workers use that prefix")
+            verb.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                              help="override a config value (repeatable)")
+            verb.add_argument("--fragment", help="where the spot: config goes (default: transientvod-aws-JOB.yaml)")
+    aws.set_defaults(func=cmd_aws)
     testbed = sub.add_parser("testbed", help="a real cluster on this machine: namespaced hosts with sshd (root)")
     actions = testbed.add_subparsers(dest="action", required=True)
     helps = {"up": "make the head and N hosts", "down": "remove all the testbed made",

@@ -227,7 +227,10 @@ def run_job(config: Config, discovery: str | None = None) -> JobResult:
     if summary is not None:
         summary["wall_seconds"] = round(wall, 1)
         if config.tracking.enabled:
-            summary["mlflow"] = {"tracking_uri": config.tracking.uri, "run_id": config.tracking.run_id,
+            from transientvod.tracking.store import redacted
+
+            # Printed, kept in summary.json and logged to MLflow: the store's password stays out.
+            summary["mlflow"] = {"tracking_uri": redacted(config.tracking.uri), "run_id": config.tracking.run_id,
                                  "experiment": config.tracking.experiment}
         summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     if config.tracking.enabled:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +38,23 @@ def is_kept(name: str) -> bool:
     return name in KEPT_NAMES or name.startswith(KEPT_PREFIXES)
 
 
+def has_password(url: str) -> bool:
+    try:
+        return urlsplit(url).password is not None
+    except ValueError:  # an unparseable URL: keep it out rather than guess
+        return True
+
+
 def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The allow-listed part of `environ`; logs once which credentials it left out."""
     kept = {name: value for name, value in environ.items() if is_kept(name)}
     left_out = [name for name in CLOUD_CREDENTIALS if name in environ]
+    # A tracking URI with a password would stand on every ssh command line too. Workers do not
+    # need it from the environment: the launcher opens the run and puts the store's URI into
+    # the resolved config (tracking.uri) that every worker reads.
+    if has_password(kept.get("MLFLOW_TRACKING_URI", "")):
+        del kept["MLFLOW_TRACKING_URI"]
+        left_out.append("MLFLOW_TRACKING_URI (it has a password)")
     if left_out:
         log.warning("%s stay in the launcher: horovodrun would put them on every worker's ssh command line. "
                     "Workers read their own credentials (an instance profile, or AWS_SHARED_CREDENTIALS_FILE).",

@@ -12,19 +12,10 @@ key is configurable). Each poll lists them with DescribeInstances and says, per 
 Pending instances are left out: they are not part of the job until they run.
 
 Interruption notices reach the watcher the way AWS's own node termination handler receives
-them in queue mode: two EventBridge rules send EC2's events to an SQS queue, and each poll
-drains the queue. Create the queue, then the rules with the queue as their target::
-
-    aws sqs create-queue --queue-name transientvod-<job>-notices
-    aws events put-rule --name transientvod-<job>-spot-interruption --event-pattern \\
-      '{"source": ["aws.ec2"], "detail-type": ["EC2 Spot Instance Interruption Warning"]}'
-    aws events put-rule --name transientvod-<job>-rebalance --event-pattern \\
-      '{"source": ["aws.ec2"], "detail-type": ["EC2 Instance Rebalance Recommendation"]}'
-    aws events put-rule --name transientvod-<job>-capacity-reservation --event-pattern \\
-      '{"source": ["aws.ec2"], "detail-type": ["EC2 Capacity Reservation Instance Interruption Warning"]}'
-    aws events put-targets --rule <each rule> --targets Id=1,Arn=<queue ARN>
-
-(the queue's access policy must let ``events.amazonaws.com`` call ``sqs:SendMessage``). Give
+them in queue mode: EventBridge rules send EC2's events to an SQS queue, and each poll drains
+the queue. ``transientvod aws setup --job-tag <job> --region <region>`` makes the queue
+(``transientvod-<job>-notices``), its policy and the rules (spot/aws_setup.py, names and
+documents in spot/aws_names.py), and writes the ``spot:`` config with the queue URL. Give
 each job its own queue: the watcher deletes every message it reads, its own job's or not.
 Without a queue the provider still notices instances whose spot request status marks them
 for termination, but never rebalance recommendations, which EC2 announces only as events.

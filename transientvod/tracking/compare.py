@@ -33,7 +33,7 @@ from transientvod.tracking.names import (
     PARAM_MIN_WORKERS,
     TAG_CONFIGURATION,
 )
-from transientvod.tracking.store import TrackingError, readable_client, reason
+from transientvod.tracking.store import TrackingError, readable_client, reason, redacted
 
 CSV_NAME = "compare.csv"
 PNG_NAME = "compare.png"
@@ -117,16 +117,16 @@ def load_runs(tracking_uri: str, experiment: str | None = None, run_ids=()) -> l
                 rows.append(_row(client.get_run(run_id)))
             except MlflowException as e:
                 if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-                    raise CompareError(f"run {run_id} does not exist in {tracking_uri}; list runs with "
+                    raise CompareError(f"run {run_id} does not exist in {redacted(tracking_uri)}; list runs with "
                                        f"`transientvod compare --experiment NAME`.") from None
-                raise CompareError(f"cannot read run {run_id} from {tracking_uri} ({reason(e)}).") from None
+                raise CompareError(f"cannot read run {run_id} from {redacted(tracking_uri)} ({reason(e)}).") from None
         return rows
 
     name = experiment or DEFAULT_EXPERIMENT
     found = client.get_experiment_by_name(name)
     if found is None:
         known = ", ".join(sorted(e.name for e in client.search_experiments())) or "none"
-        raise CompareError(f"experiment {name!r} does not exist in {tracking_uri}; known experiments: {known}.")
+        raise CompareError(f"experiment {name!r} does not exist in {redacted(tracking_uri)}; known experiments: {known}.")
     runs, token = [], None
     while True:  # search_runs pages its answer
         page = client.search_runs([found.experiment_id], run_view_type=ViewType.ACTIVE_ONLY,
@@ -136,7 +136,7 @@ def load_runs(tracking_uri: str, experiment: str | None = None, run_ids=()) -> l
         if not token:
             break
     if not runs:
-        raise CompareError(f"experiment {name!r} in {tracking_uri} has no runs; run a job first.")
+        raise CompareError(f"experiment {name!r} in {redacted(tracking_uri)} has no runs; run a job first.")
     return [_row(run) for run in runs]
 
 

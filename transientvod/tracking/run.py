@@ -24,7 +24,7 @@ import transientvod.tracking.names as names
 from transientvod.config import Config, to_yaml
 from transientvod.tracking.figure import log_figure
 from transientvod.tracking.sender import UNSENT_FILE, resend_unsent
-from transientvod.tracking.store import artifact_location, check_writable, client, store_uri, unreachable
+from transientvod.tracking.store import artifact_location, check_writable, client, redacted, store_uri, unreachable
 
 log = logging.getLogger(__name__)
 
@@ -119,10 +119,11 @@ def open_run(config: Config) -> str:
             mlflow_client.log_batch(run_id, params=[Param(k, v) for k, v in run_params(config).items()],
                                     tags=[RunTag(k, v) for k, v in run_tags(config).items()])
         config.tracking.uri, config.tracking.run_id = uri, run_id
-        mlflow_client.log_text(run_id, to_yaml(config), names.ARTIFACT_CONFIG)
+        # The artifact is for reading: the store's password, if its URI has one, stays out.
+        mlflow_client.log_text(run_id, redacted(to_yaml(config)), names.ARTIFACT_CONFIG)
     except Exception as e:  # MLflow wraps store and HTTP failures in several exception types
         raise unreachable(uri, e) from None
-    log.info("MLflow run %s in experiment '%s' at %s", run_id, config.tracking.experiment, uri)
+    log.info("MLflow run %s in experiment '%s' at %s", run_id, config.tracking.experiment, redacted(uri))
     return run_id
 
 

@@ -15,7 +15,7 @@ import time
 import typing
 from pathlib import Path
 
-from transientvod.tracking.store import client, unreachable
+from transientvod.tracking.store import client, redacted, unreachable
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class MetricSender:
                     f.write(json.dumps({"key": m.key, "value": m.value, "timestamp": m.timestamp,
                                         "step": m.step}) + "\n")
             log.warning("MLflow at %s did not take %d metrics before the worker ended; they are in %s "
-                        "and the launcher sends them when the store answers", self.uri, len(left), self.unsent_path)
+                        "and the launcher sends them when the store answers", redacted(self.uri), len(left), self.unsent_path)
         return len(left)
 
     def _send_loop(self) -> None:
@@ -139,7 +139,7 @@ class MetricSender:
                             unreachable(self.uri, e))
             return False
         if self._failing_since is not None:
-            log.info("MLflow at %s answers again after %.0f s; sending %d buffered metrics", self.uri,
+            log.info("MLflow at %s answers again after %.0f s; sending %d buffered metrics", redacted(self.uri),
                      time.monotonic() - self._failing_since, self.pending())
             self._failing_since = None
         return True

@@ -8,6 +8,7 @@ cannot be used into one sentence (TrackingError).
     client(uri)                        an MlflowClient with the fail-fast defaults below
     check_writable(uri)                a job's check, before it opens a run
     readable_client(uri)               `compare`'s: the store must exist and answer; never created
+    redacted(text)                     text with every URL's password shown as ***, for printing and logs
 
 SQLAlchemy's rule, which MLflow follows: `sqlite:///runs/mlflow.db` is relative to the current
 directory, `sqlite:////srv/mlflow.db` is absolute (four slashes), what follows `?` is options,
@@ -21,6 +22,7 @@ can put them side by side (MLflow refuses its old file store).
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import tempfile
 from pathlib import Path
@@ -40,6 +42,18 @@ CLIENT_DEFAULTS = {
 }
 
 
+# scheme://user:PASSWORD@host, the userinfo of RFC 3986 (the user may be empty, and the
+# password may hold ':'). A server store (http://user:pw@host, postgresql://user:pw@host/db)
+# carries its password this way; MLflow passes it on, but no message or log needs it.
+PASSWORD_IN_URL = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)[^/\s@]+@")
+
+
+def redacted(text: str) -> str:
+    """`text` with the password of every URL in it shown as ***: what may be printed or logged
+    of a tracking URI, and of a message that may quote one."""
+    return PASSWORD_IN_URL.sub(r"\g<head>***@", text)
+
+
 class TrackingError(RuntimeError):
     """The tracking store cannot be used (unreachable, unwritable, missing, not a store, an
     unknown run); the message is one sentence that names it."""
@@ -56,6 +70,10 @@ _set_client_defaults()
 def client(uri: str):
     """An MlflowClient for `uri`; it connects on first use."""
     _set_client_defaults()
+    if redacted(uri) != uri:
+        # MLflow prints "View run ... at: <the URI>" to stdout when a run on a server ends,
+        # password and all; the launcher's summary names the run and the store (redacted).
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     from mlflow import MlflowClient
 
     return MlflowClient(tracking_uri=uri)
@@ -109,7 +127,7 @@ def artifact_location(uri: str, experiment: str) -> str | None:
 def reason(error: Exception) -> str:
     """Why a store did not answer, in a few words (MLflow wraps HTTP, SQLAlchemy and store
     failures in several exception types, with long messages)."""
-    text = getattr(error, "message", None) or str(error)
+    text = redacted(getattr(error, "message", None) or str(error))
     if "Connection refused" in text or "Max retries exceeded" in text or "NewConnectionError" in text:
         return "no server listens there"
     if "timed out" in text.lower():
@@ -119,7 +137,7 @@ def reason(error: Exception) -> str:
 
 def unreachable(uri: str, error: Exception) -> TrackingError:
     """A job's store did not answer: the sentence says what to do about it."""
-    return TrackingError(f"the MLflow tracking store {uri} does not answer ({reason(error)}); start it, or set "
+    return TrackingError(f"the MLflow tracking store {redacted(uri)} does not answer ({reason(error)}); start it, or set "
                          "tracking.uri / MLFLOW_TRACKING_URI to one that runs, or tracking.enabled=false.")
 
 
@@ -168,5 +186,5 @@ def readable_client(uri: str):
     try:
         reader.search_experiments(max_results=1)  # the client connects lazily: make it answer now
     except Exception as e:  # SQLAlchemy, sqlite, HTTP errors: all mean "this store cannot be read"
-        raise TrackingError(f"cannot open the MLflow store {uri} ({reason(e)}).") from None
+        raise TrackingError(f"cannot open the MLflow store {redacted(uri)} ({reason(e)}).") from None
     return reader

@@ -1,0 +1,23 @@
+"""The environment horovodrun starts with: a tracking URI with a password stays in the launcher
+(it would stand on every worker's ssh command line), one without is passed on."""
+from __future__ import annotations
+
+import logging
+
+from transientvod.worker_env import worker_environment
+
+
+def test_a_tracking_uri_with_a_password_stays_in_the_launcher(caplog):
+    caplog.set_level(logging.WARNING, logger="transientvod.worker_env")
+    env = worker_environment({"PATH": "/usr/bin", "MLFLOW_TRACKING_URI": "http://alice:s3cret@mlflow.internal:5000"})
+    assert env == {"PATH": "/usr/bin"}
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "MLFLOW_TRACKING_URI (it has a password)" in warnings[0]
+    assert "s3cret" not in warnings[0]
+
+
+def test_a_tracking_uri_without_a_password_is_passed_on(caplog):
+    caplog.set_level(logging.WARNING, logger="transientvod.worker_env")
+    for uri in ("http://mlflow.internal:5000", "sqlite:////srv/runs/mlflow.db", "http://alice@mlflow.internal:5000"):
+        assert worker_environment({"MLFLOW_TRACKING_URI": uri}) == {"MLFLOW_TRACKING_URI": uri}
+    assert caplog.records == []
