@@ -64,7 +64,7 @@ def measure(args) -> dict:
     results = {}
     for bandwidth in args.bandwidths.split(","):
         with testbed("tvdxchg", args.hosts, "" if bandwidth == UNSHAPED else bandwidth) as record:
-            for codec, staleness in EXCHANGES:
+            for codec, staleness in args.exchanges:
                 rate, accuracy = run_exchange(record, args.out, bandwidth, codec, staleness, args.steps,
                                               args.step_seconds)
                 results[(bandwidth, codec, staleness)] = (rate, accuracy)
@@ -87,14 +87,14 @@ def report(results: dict, args) -> None:
           f"(step time shaped - unshaped)")
     print(f"{'codec':<6}{'s':>3}" + "".join(f"{b:>10}" for b in bandwidths)
           + "".join(f"{'comm ' + b:>14}" for b in shaped) + f"{'accuracy %':>12}")
-    for codec, staleness in EXCHANGES:
+    for codec, staleness in args.exchanges:
         row = f"{codec:<6}{staleness:>3}" + "".join(f"{results[(b, codec, staleness)][0]:>10.2f}" for b in bandwidths)
         if UNSHAPED in bandwidths:
             row += "".join(f"{communication_ms(results, b, codec, staleness):>14.1f}" for b in shaped)
         row += f"{100 * results[(bandwidths[0], codec, staleness)][1]:>12.2f}"
         print(row)
-    if UNSHAPED not in bandwidths:
-        print("(no unshaped run: communication times and goals need one)")
+    if UNSHAPED not in bandwidths or args.exchanges != EXCHANGES:
+        print("(the goals need every exchange and an unshaped run)")
         return
     print("\nGoals:")
     for bandwidth in shaped:
@@ -133,7 +133,13 @@ def main() -> None:
     parser.add_argument("--step-seconds", type=float, default=0.0,
                         help="sleep per step on every rank, a stand-in for accelerator time")
     parser.add_argument("--out", default="runs/exchange-bench", help="keep each job's directory here ('' to not)")
+    parser.add_argument("--exchanges", default=",".join(f"{c}:{s}" for c, s in EXCHANGES),
+                        help="codec:staleness pairs, comma-separated (the goals need all six)")
     args = parser.parse_args()
+    try:
+        args.exchanges = [(c, int(s)) for c, s in (pair.split(":") for pair in args.exchanges.split(","))]
+    except ValueError:
+        parser.error(f"--exchanges is {args.exchanges!r}; give codec:staleness pairs such as int8:2,none:0")
     if args.steps <= 100:
         parser.error(f"--steps is {args.steps}; steps/s are measured from step 50, so give at least 100")
     cluster.preflight()

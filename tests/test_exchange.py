@@ -184,14 +184,16 @@ def test_a_lost_peer_reset_clears_every_residual_owners_included():
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_bytes_per_element_per_worker_are_constant_in_n(world):
     """From the tensors and splits each rank hands Horovod: on average over the ranks exactly
-    2 (N - 1) / N · (b · n + 4 · (scales + N flags)); no rank above 2 (N - 1) / N · b + 2 %."""
+    2 (N - 1) / N · (b · n + 4 · (scales + N flags)), plus at most 3 bytes of padding in each
+    of the 2 (N - 1) segments a rank sends (codecs/packing.py); no rank above 2 (N - 1) / N · b + 2 %."""
     found = rows(world, "bytes")
     for codec in ("fp16", "bf16", "int8"):
         mine = [row for row in found if row["codec"] == codec]
         n, block, b = mine[0]["elements"], mine[0]["block"], PAYLOAD_BYTES[codec]
         scales = -(-n // block) if codec == "int8" else 0
         mean = sum(row["sent"] for row in mine) / world
-        assert mean == pytest.approx(2 * (world - 1) / world * (b * n + 4 * (scales + world)), rel=1e-12), mine
+        formula = 2 * (world - 1) / world * (b * n + 4 * (scales + world))
+        assert formula <= mean <= formula + 3 * 2 * (world - 1), mine
         for row in mine:
             assert row["sent"] / n <= 2 * (world - 1) / world * b * 1.02 + 4 * 2 * (scales + world) / n, row
     fp32 = [row["sent"] for row in found if row["codec"] == "none"]

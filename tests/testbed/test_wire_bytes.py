@@ -28,7 +28,7 @@ PAYLOAD_BYTES = {"none": 4, "fp16": 2, "bf16": 2, "int8": 1}
 # What a link carries beyond the payload: Ethernet, IP and TCP headers on every segment (veth
 # sends 64 KB segments, so under 1 %), the receivers' ACKs, Gloo's message headers, Horovod's
 # coordination between the two barriers and ssh's keepalives. Measured here at 0.3-1.6 %
-# (the test prints it; int8's small side messages cost the most); 4 % allows for a busier machine without hiding a wrong protocol: the
+# (the test prints it); 4 % allows for a busier machine without hiding a wrong protocol: the
 # nearest wrong one (an allgather of the whole payload instead of shards) sends N / 2 times more.
 OVERHEAD = 0.04
 
@@ -69,5 +69,8 @@ def test_each_link_carries_what_the_protocol_says(testbed_factory, world):
         counted = sum(r["counted_per_step"] for r in mine) / world
         print(f"N={world} {codec}: link {link:.0f} B/step, formula {expected:.0f}, "
               f"overhead {link / expected - 1:+.2%}, {link / mine[0]['elements']:.3f} B per element")
-        assert counted == pytest.approx(expected, abs=1.0), mine  # Wire rounds down to whole bytes
+        # Wire rounds down to whole bytes; each of a rank's 2 (N - 1) segments pads up to 3 bytes
+        # (codecs/packing.py aligns the fp32 side rows).
+        padding = 0 if codec == "none" else 3 * 2 * (world - 1)
+        assert expected - 1 <= counted <= expected + padding, mine
         assert expected <= link <= expected * (1 + OVERHEAD), (codec, link, expected, mine)

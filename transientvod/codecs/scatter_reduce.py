@@ -5,20 +5,22 @@ an owner's scales are its own). One step of one bucket, on every rank:
 
 1. encode: payload = encode(grad + residual) in one fused pass (`ops.compress_ef_`), the
    residual keeping what rounding dropped; then alltoall: shard r of the payload to rank r,
-   with its scales and this rank's non-finite flag (the "side" row, fp32);
+   with its scales and this rank's non-finite flag (the "side" row, fp32), all in one
+   byte buffer (`packing.py`: one collective per phase, not two, since on a slow link each
+   costs a round of latency);
 2. own: the owner decodes the N copies of its shard it received and sums them in fp32, in
    one fused pass (`ops.decompress_sum_`, so nothing is added in fp16 or bf16 and nothing
    overflows there), then re-encodes the average with *its own* residual: what the second
    rounding drops is sent at the next step, not lost (without it, int8 delivered 4 % of a
    small steady gradient: tests/test_exchange.py). The flag it sends on is the max of those it received and its own;
-   allgather: every owner's shard, scales and flag to everyone;
+   allgather: every owner's shard, scales and flag, in one buffer, to everyone;
 3. decode: everyone decodes the whole bucket (the shards arrive in rank order, end to end),
    and skips the step if any owner's flag is set, so all ranks skip together.
 
 Each rank sends (N - 1) / N of the bucket in each collective: 2 (N - 1) / N · b bytes per
-element for a b-byte payload, plus the scales and N flags, whatever N is. Horovod 0.28.1 has
-no bfloat16 type, so bf16 payloads travel as int16 bit patterns: nothing on the wire does
-arithmetic on them (the owner sums in fp32).
+element for a b-byte payload, plus the scales, N flags and at most 3 bytes of padding per
+segment, whatever N is. Payloads travel as bytes (Horovod 0.28.1 has no bfloat16 type
+anyway): nothing on the wire does arithmetic on them (the owner sums in fp32).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from transientvod import ops
+from transientvod.codecs.packing import pack, unpack_rows, unpack_segments
 from transientvod.codecs.transfer import Protocol
 from transientvod.codecs.wire import Wire
 
@@ -34,15 +37,14 @@ from transientvod.codecs.wire import Wire
 @dataclass(frozen=True)
 class Format:
     name: str
-    payload: torch.dtype  # what the ops write
-    wire: torch.dtype  # what Horovod moves (the same bits)
+    payload: torch.dtype  # what the ops write; Horovod moves its bytes (codecs/packing.py)
     scaled: bool  # int8: one fp32 scale per block of elements
 
 
 FORMATS = {
-    "fp16": Format("fp16", torch.float16, torch.float16, scaled=False),
-    "bf16": Format("bf16", torch.bfloat16, torch.int16, scaled=False),
-    "int8": Format("int8", torch.int8, torch.int8, scaled=True),
+    "fp16": Format("fp16", torch.float16, scaled=False),
+    "bf16": Format("bf16", torch.bfloat16, scaled=False),
+    "int8": Format("int8", torch.int8, scaled=True),
 }
 
 
@@ -98,42 +100,42 @@ class ScatterReduce:
     def start(self, grad: torch.Tensor, wire: Wire, name: str, world: int, rank: int) -> Protocol:
         fmt, block, device = self.format, self.block, self.device
         layout = self.layout(world)
-        scales_of = (lambda t, r, count: t[sum(layout.scales[:r]):][:count]) if fmt.scaled else None
+        itemsize = torch.empty(0, dtype=fmt.payload).element_size()
 
         # -- phase 1: encode with the sender's residual; each shard to its owner ---------------
         payload = torch.empty(self.numel, dtype=fmt.payload, device=device)
         scales = torch.empty(sum(layout.scales), dtype=torch.float32, device=device) if fmt.scaled else None
         bad = self.numel > 0 and ops.compress_ef_(grad, self.residual, payload, 1.0, scales=scales, block=block)
         flag = torch.full((1,), float(bad), device=device)
-        side = torch.cat([part for r in range(world)
-                          for part in ((scales_of(scales, r, layout.scales[r]), flag) if fmt.scaled else (flag,))])
-        received = yield [wire.alltoall(payload.view(fmt.wire), layout.elements, name + ".shards"),
-                          wire.alltoall(side, [count + 1 for count in layout.scales], name + ".side")]
-        (shards, _), (side_in, _) = received
+        parts, scale_at = [], 0
+        for r in range(world):
+            owner_scales = scales[scale_at:scale_at + layout.scales[r]] if fmt.scaled else flag[:0]
+            scale_at += layout.scales[r]
+            parts.append((torch.cat((owner_scales, flag)),
+                          payload[layout.start[r]:layout.start[r] + layout.elements[r]]))
+        outgoing, sizes = pack(parts, device)
+        (incoming, _), = yield [wire.alltoall(outgoing, sizes, name + ".shards")]
 
         # -- phase 2: the owner sums in fp32 and re-encodes with its own residual ---------------
         mine, my_scales = layout.elements[rank], layout.scales[rank]
-        shards = shards.view(fmt.payload).view(world, mine)
-        side_in = side_in.view(world, my_scales + 1)
+        side_in, shards = unpack_rows(incoming, world, my_scales + 1, fmt.payload, mine)
         total = torch.empty(mine, dtype=torch.float32, device=device)
         reduced = torch.empty(mine, dtype=fmt.payload, device=device)
-        reduced_scales = torch.empty(my_scales, dtype=torch.float32, device=device) if fmt.scaled else None
+        reduced_scales = torch.empty(my_scales, dtype=torch.float32, device=device) if fmt.scaled else flag[:0]
         owner_bad = bool(side_in[:, my_scales].max() > 0)
         if mine:
             # One pass: the N copies decoded and added in fp32, in rank order, so every owner adds alike.
             ops.decompress_sum_(shards, total, 1.0, scales=side_in[:, :my_scales].contiguous() if fmt.scaled else None,
                                 block=block)
             owner_bad |= ops.compress_ef_(total, self._owner_residual(mine), reduced, 1.0 / world,
-                                          scales=reduced_scales, block=block)
+                                          scales=reduced_scales if fmt.scaled else None, block=block)
         flag = torch.full((1,), float(owner_bad), device=device)
-        side_out = torch.cat((reduced_scales, flag)) if fmt.scaled else flag
-        gathered = yield [wire.allgather(reduced.view(fmt.wire), name + ".gather"),
-                          wire.allgather(side_out, name + ".gather_side")]
-        everything, side_all = gathered
+        outgoing, _ = pack([(torch.cat((reduced_scales, flag)), reduced)], device)
+        gathered, = yield [wire.allgather(outgoing, name + ".gather")]
 
         # -- phase 3 (when the optimizer wants it): decode the whole bucket ----------------------
-        everything = everything.view(fmt.payload)
-        rows = torch.split(side_all, [count + 1 for count in layout.scales])
+        rows, everything = unpack_segments(gathered, [count + 1 for count in layout.scales], fmt.payload,
+                                           layout.elements)
         any_flag = any(bool(row[-1] > 0) for row in rows)
         all_scales = torch.cat([row[:-1] for row in rows]) if fmt.scaled else None
 
