@@ -42,7 +42,7 @@ def unpack_rows(buffer: torch.Tensor, rows: int, side_floats: int, payload_dtype
     and payload [rows, elements], each a contiguous copy."""
     segments = buffer.view(rows, -1)
     side_bytes = 4 * side_floats
-    payload_bytes = payload_elements * torch.empty(0, dtype=payload_dtype).element_size()
+    payload_bytes = payload_elements * payload_dtype.itemsize
     side = segments[:, :side_bytes].contiguous().view(torch.float32)
     payload = segments[:, side_bytes:side_bytes + payload_bytes].contiguous().view(payload_dtype)
     return side, payload
@@ -52,7 +52,7 @@ def unpack_segments(buffer: torch.Tensor, side_floats: list[int], payload_dtype:
                     payload_elements: list[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Segments of different sizes end to end (an allgather: one from each owner): each one's
     side row (fp32), and all the payloads joined in order."""
-    itemsize = torch.empty(0, dtype=payload_dtype).element_size()
+    itemsize = payload_dtype.itemsize
     sides, payloads, at = [], [], 0
     for floats, elements in zip(side_floats, payload_elements):
         side_bytes, payload_bytes = 4 * floats, elements * itemsize

@@ -100,7 +100,6 @@ class ScatterReduce:
     def start(self, grad: torch.Tensor, wire: Wire, name: str, world: int, rank: int) -> Protocol:
         fmt, block, device = self.format, self.block, self.device
         layout = self.layout(world)
-        itemsize = torch.empty(0, dtype=fmt.payload).element_size()
 
         # -- phase 1: encode with the sender's residual; each shard to its owner ---------------
         payload = torch.empty(self.numel, dtype=fmt.payload, device=device)
