@@ -138,8 +138,8 @@ def run_to_end(job: Rehearsal, discovery: str | None, env: dict, timeout: float)
     return wall
 
 
-def steps_per_second(job: Rehearsal) -> float:
-    rows = [r for r in job.rows("metrics.jsonl") if "time" in r and r["step"] >= MEASURED_FROM_STEP]
+def steps_per_second(job: Rehearsal, from_step: int = MEASURED_FROM_STEP) -> float:
+    rows = [r for r in job.rows("metrics.jsonl") if "time" in r and r["step"] >= from_step]
     first, last = rows[0], rows[-1]
     return (last["step"] - first["step"]) / (last["time"] - first["time"])
 

@@ -77,9 +77,9 @@ def average_error(codec: str) -> dict:
     return {"codec": codec, "max_error": error, "max_abs_grad": max(g.abs().max().item() for g in grads)}
 
 
-def stale_sum(codec: str, staleness: int, size: int, steps: int = 6) -> dict:
+def stale_sum(codec: str, staleness: int, size: int, steps: int = 6, stale_from_step: int = 0) -> dict:
     """Gradient t is t+1 everywhere; with lr 1 the parameter ends at -(sum of those applied)."""
-    param, exchange = one_param_exchange(size, codec, staleness)
+    param, exchange = one_param_exchange(size, codec, staleness, stale_from_step=stale_from_step)
     applied, params = [], []
     for step in range(steps):
         exchange.zero_grad()
@@ -88,7 +88,7 @@ def stale_sum(codec: str, staleness: int, size: int, steps: int = 6) -> dict:
         params.append(param[0].item())
     drained = exchange.drain()
     return {"codec": codec, "staleness": staleness, "size": size, "applied": applied, "params": params,
-            "drained": drained, "final": param.detach().tolist()[:4]}
+            "drained": drained, "final": param.detach().tolist()[:4], "stale_from_step": stale_from_step}
 
 
 def owner_residual(steps: int = 200) -> list[dict]:
@@ -265,6 +265,7 @@ CHECKS = {
                                      "distributed_optimizer": train_tiny(False, one_tensor=True)}],
     "average": lambda: [average_error(c) for c in CODECS],
     "stale": lambda: [stale_sum(c, s, size) for c in CODECS for s in (0, 1, 2) for size in (4, 2 * BLOCK)],
+    "stale_from": lambda: [stale_sum(c, 2, 2 * BLOCK, steps=8, stale_from_step=3) for c in CODECS],
     "owner_residual": owner_residual,
     "nan": lambda: [nan_skip(c) for c in CODECS],
     "buckets": lambda: [several_buckets(c) for c in CODECS],

@@ -9,7 +9,7 @@ import horovod.torch as hvd
 import pytest
 import torch
 
-from transientvod.elastic import NO_VOTE, CommitPolicy, LearningRateRule, ShardSampler, Vote
+from transientvod.elastic import NO_VOTE, CommitPolicy, LearningRateRule, ShardSampler, StalenessRule, Vote
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -99,6 +99,21 @@ def test_no_scaling_and_cosine_decay():
     assert r.lr(ramp, 500) == pytest.approx(0.05)
     assert r.lr(ramp, 1000) == pytest.approx(0.0, abs=1e-12)
     assert r.lr(ramp, 250) == pytest.approx(0.1 * 0.5 * (1 + math.cos(math.pi / 4)))
+
+
+@pytest.mark.parametrize("staleness, stale_momentum", [(1, 0.4), (2, 0.9 - 2 / 3), (4, 0.1), (9, 0.0)])
+def test_staleness_lowers_momentum_by_s_over_s_plus_1_after_the_synchronous_steps(staleness, stale_momentum):
+    r = StalenessRule(staleness, momentum=0.9, stale_momentum=True, stale_from_step=100)
+    assert [r.delay(step) for step in (0, 99, 100, 5000)] == [0, 0, staleness, staleness]
+    assert r.momentum_at(99) == 0.9
+    assert r.momentum_at(100) == pytest.approx(stale_momentum)
+    assert r.momentum_at(5000) == pytest.approx(stale_momentum)
+
+
+def test_synchronous_training_and_the_opt_out_keep_the_momentum():
+    assert StalenessRule(0, 0.9).momentum_at(10) == 0.9
+    assert StalenessRule(2, 0.9, stale_momentum=False).momentum_at(10) == 0.9
+    assert StalenessRule(2, 0.9, stale_from_step=0).delay(0) == 2
 
 
 @pytest.mark.parametrize("kw, match", [(dict(base_lr=0), "positive"), (dict(scaling="sqrt"), "linear"),

@@ -20,7 +20,7 @@ CODECS = ("none", "fp16", "bf16", "int8")
 BOUNDS = {"none": 1e-6, "fp16": 2.0 ** -10, "bf16": 2.0 ** -8, "int8": 2.0 / 127}
 PAYLOAD_BYTES = {"fp16": 2, "bf16": 2, "int8": 1}
 CHECKS_BY_WORLD = {
-    2: ("bitident", "average", "stale", "nan", "buckets", "switch", "drain", "lost_peer", "bytes"),
+    2: ("bitident", "average", "stale", "stale_from", "nan", "buckets", "switch", "drain", "lost_peer", "bytes"),
     3: ("bitident_one_tensor", "average", "bytes"),
     4: ("owner_residual", "bytes"),
 }
@@ -131,6 +131,20 @@ def test_staleness_applies_the_gradient_of_s_steps_ago_and_drain_applies_the_res
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("codec", CODECS)
+def test_steps_before_stale_from_step_are_synchronous_then_each_is_applied_s_steps_later(codec):
+    """The synchronous warm-up (exchange.sync_warmup): staleness 2 from step 3 of 8."""
+    for row in [row for row in rows(2, "stale_from") if row["codec"] == codec]:
+        # steps 0-2 applied at once; steps 3 and 4 refill the pipeline; from step 5 on, step t - 2
+        assert row["applied"] == [True, True, True, False, False, True, True, True], row
+        applied_through = [0, 1, 2, 2, 2, 3, 4, 5]  # the last step whose gradient is applied after step t
+        expected = [-sum(range(1, last + 2)) for last in applied_through]
+        assert row["params"] == pytest.approx(expected, rel=1e-5), row
+        assert row["drained"] == 2
+        assert row["final"] == pytest.approx([-36.0] * 4, rel=1e-5), row  # every gradient exactly once
+
+
+@pytest.mark.slow
 def test_a_nan_on_one_rank_skips_the_step_on_every_rank():
     found = rows(2, "nan")
     for codec in CODECS:
@@ -198,6 +212,21 @@ def test_bytes_per_element_per_worker_are_constant_in_n(world):
             assert row["sent"] / n <= 2 * (world - 1) / world * b * 1.02 + 4 * 2 * (scales + world) / n, row
     fp32 = [row["sent"] for row in found if row["codec"] == "none"]
     assert fp32 == [2 * (world - 1) * 70_000 * 4 // world] * world
+
+
+@pytest.mark.slow
+def test_a_stale_job_warms_up_synchronously_then_lowers_its_momentum(job):
+    """exchange.sync_warmup and stale_momentum through the training loop (elastic.StalenessRule)."""
+    j = job("stale-momentum", exchange={"staleness": 2, "codec": "fp16", "compress_after": 0.0},
+            optimizer={"warmup_steps": 20, "momentum": 0.9}, train={"steps": 60})
+    done = j.run(j.discovery("0=localhost:1,127.0.0.1:1"), timeout=180)
+    assert done.returncode == 0, explain(done)
+    momentum = {row["step"]: row["momentum"] for row in j.rows("metrics.jsonl") if "momentum" in row}
+    # a row at step k was logged after the step k - 1 was taken; steps 0-19 are synchronous
+    assert momentum[10] == momentum[20] == 0.9, momentum
+    assert momentum[30] == momentum[60] == pytest.approx(0.9 - 2 / 3), momentum
+    assert "drained 2 step(s) of gradients in flight" in done.stderr  # stale at the end
+    assert j.summary()["steps"] == 60
 
 
 @pytest.mark.slow

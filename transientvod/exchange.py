@@ -109,14 +109,16 @@ class SynchronousStep:
 class GradientExchange:
     """Wraps an optimizer (plain torch, not hvd.DistributedOptimizer) with the exchange."""
 
-    __slots__ = ("optimizer", "staleness", "codec_name", "block", "min_compress_elements", "compress_from_step",
-                 "buckets", "queue", "skipped_steps", "applied_steps", "wire", "name", "_ring")
+    __slots__ = ("optimizer", "staleness", "stale_from_step", "codec_name", "block", "min_compress_elements",
+                 "compress_from_step", "buckets", "queue", "skipped_steps", "applied_steps", "wire", "name", "_ring")
 
     def __init__(self, optimizer: torch.optim.Optimizer, parameters, staleness: int = 0, codec: str = "none",
                  block: int = 512, min_compress_elements: int = MIN_COMPRESS_ELEMENTS, compress_from_step: int = 0,
-                 bucket_elements: int = BUCKET_ELEMENTS, name: str = "transientvod.grads"):
+                 bucket_elements: int = BUCKET_ELEMENTS, name: str = "transientvod.grads", stale_from_step: int = 0):
         """`name` prefixes the exchange's Horovod op names: two exchanges alive in one process
-        at once (tests do that) need different names, since Horovod refuses a name in flight."""
+        at once (tests do that) need different names, since Horovod refuses a name in flight.
+        Steps before `stale_from_step` are synchronous (finished in their own `step` call); from
+        it on, a step is applied s steps later (elastic.StalenessRule says why)."""
         if isinstance(optimizer, _DistributedOptimizer):
             raise ValueError("wrap the plain torch optimizer: the exchange replaces hvd.DistributedOptimizer.")
         if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
@@ -126,6 +128,7 @@ class GradientExchange:
             raise ValueError(f"bucket_elements is {bucket_elements}; it must be at least 1.")
         self.optimizer = optimizer
         self.staleness = staleness
+        self.stale_from_step = stale_from_step
         self.codec_name = codec
         self.block = block
         self.min_compress_elements = min_compress_elements
@@ -175,7 +178,8 @@ class GradientExchange:
             transfers.append(Transfer(protocol))
         self.queue.append(InFlight(step, world, transfers))
         self._advance()
-        if len(self.queue) <= self.staleness:
+        delay = self.staleness if step >= self.stale_from_step else 0
+        if len(self.queue) <= delay:
             return False  # the first s steps only fill the pipeline
         return self._finish(self.queue.popleft())
 

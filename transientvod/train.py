@@ -46,8 +46,8 @@ from transientvod.checkpoint import CheckpointError, open_store
 from transientvod.checkpoint_writer import BackgroundCheckpointWriter
 from transientvod.config import Config, ConfigError, load_config, to_yaml
 from transientvod.data import DataError, Dataset, load_dataset
-from transientvod.elastic import (CommitPolicy, CommitVote, LearningRateRule, ShardSampler, TransientState,
-                                  bound_collective_waits, network_address)
+from transientvod.elastic import (CommitPolicy, CommitVote, LearningRateRule, ShardSampler, StalenessRule,
+                                  TransientState, bound_collective_waits, network_address)
 from transientvod.exchange import GradientExchange, SynchronousStep
 from transientvod.models import build_model
 from transientvod.tracking.store import TrackingError
@@ -200,6 +200,8 @@ def train(config: Config) -> None:
     base_lr = config.optimizer.lr / (1 + ex.staleness) if ex.stale_lr else config.optimizer.lr
     rule = LearningRateRule(base_lr, config.optimizer.lr_scaling, config.optimizer.warmup_steps,
                             config.optimizer.schedule, config.train.steps)
+    staleness_rule = StalenessRule(ex.staleness, config.optimizer.momentum, ex.stale_momentum,
+                                   config.optimizer.warmup_steps if ex.sync_warmup else 0)
     optimizer = torch.optim.SGD(model.parameters(), lr=base_lr, momentum=config.optimizer.momentum,
                                 weight_decay=config.optimizer.weight_decay)
     if ex.staleness == 0 and ex.codec == "none":
@@ -208,7 +210,8 @@ def train(config: Config) -> None:
     else:
         stepper = GradientExchange(optimizer, model.parameters(), staleness=ex.staleness, codec=ex.codec,
                                    block=ex.block, min_compress_elements=ex.min_compress_elements,
-                                   compress_from_step=int(ex.compress_after * config.train.steps))
+                                   compress_from_step=int(ex.compress_after * config.train.steps),
+                                   stale_from_step=staleness_rule.stale_from_step)
     train_set = TensorDataset(data.train_x, data.train_y)
     sampler = ShardSampler(train_set, shuffle=True, seed=config.train.seed)
     policy = CommitPolicy(config.train.commit_every, config.train.checkpoint_every, config.train.steps)
@@ -256,8 +259,10 @@ def train(config: Config) -> None:
             loader = DataLoader(train_set, batch_size=config.data.batch_size, sampler=state.sampler)
             for batch_index, (x, y) in enumerate(loader):
                 lr = state.current_lr()
+                momentum = staleness_rule.momentum_at(state.step)
                 for group in state.optimizer.param_groups:
                     group["lr"] = lr
+                    group["momentum"] = momentum
                 x, y = x.to(device), y.to(device)
                 stepper.zero_grad()  # the exchange's: its .grad tensors are views into its buckets
                 loss = F.cross_entropy(state.model(x), y)
@@ -273,7 +278,8 @@ def train(config: Config) -> None:
 
                 if hvd.rank() == 0 and state.step % config.train.log_every == 0:
                     now = time.monotonic()
-                    row = {"step": state.step, "loss": round(loss.item(), 5), "lr": lr, "world_size": hvd.size(),
+                    row = {"step": state.step, "loss": round(loss.item(), 5), "lr": lr, "momentum": momentum,
+                           "world_size": hvd.size(),
                            "samples_per_s": round(samples_since_log / max(now - last_log, 1e-9), 1),
                            "time": time.time()}
                     books.on_log(state, row)

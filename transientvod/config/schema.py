@@ -116,6 +116,8 @@ class ExchangeConfig:
     compress_after: float = 0.1  # fraction of train.steps sent uncompressed first (warm-up)
     min_compress_elements: int = 65536  # smaller buckets go uncompressed
     stale_lr: bool = False  # divide the learning rate by 1 + s
+    stale_momentum: bool = True  # while s > 0: momentum - s/(s+1), at least 0 (a delay adds that much of its own)
+    sync_warmup: bool = True  # the first optimizer.warmup_steps run at staleness 0, then s
 
 
 @dataclass
