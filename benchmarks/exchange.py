@@ -54,7 +54,8 @@ def run_exchange(record, out: str, bandwidth: str, codec: str, staleness: int, s
                  step_seconds: float) -> tuple[float, float]:
     """One job: (steps/s, final test accuracy)."""
     exchange = {"codec": codec, "staleness": staleness, "compress_after": 0.0}
-    with job_directory(out, f"exchange-{bandwidth}-{codec}-s{staleness}") as directory:
+    link = bandwidth.replace("/", "-q")  # 25mbit/400ms: a rate and tbf's queue
+    with job_directory(out, f"exchange-{link}-{codec}-s{staleness}") as directory:
         config = job_config(model=RESNET32, exchange=exchange, optimizer=OPTIMIZER,
                             train={"steps": steps, "commit_every": 50, "checkpoint_every": steps},
                             cluster={"min_np": len(record.layout.hosts), "max_np": len(record.layout.hosts)})
@@ -132,7 +133,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--bandwidths", default=f"{UNSHAPED},100mbit,25mbit",
-                        help=f"'{UNSHAPED}' and tc rates, comma-separated; the goals need '{UNSHAPED}'")
+                        help=f"'{UNSHAPED}' and tc rates (RATE or RATE/QUEUE, e.g. 25mbit/400ms), comma-separated; "
+                             f"the goals need '{UNSHAPED}'")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--step-seconds", type=float, default=0.0,
                         help="sleep per step on every rank, a stand-in for accelerator time")

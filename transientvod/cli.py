@@ -386,7 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
         verb.add_argument("--name", default="tvd", help="the testbed's name, the prefix of its hosts (default: tvd)")
         if action == "up":
             verb.add_argument("--hosts", type=int, default=3, help="how many hosts (2..64)")
-            verb.add_argument("--bandwidth", default="", help="each host's egress rate, for example 100mbit")
+            verb.add_argument("--bandwidth", default="",
+                              help="each host's egress rate, for example 100mbit; RATE/QUEUE sets how long a packet "
+                                   "may wait in tbf's queue before it is dropped (default 50ms), e.g. 25mbit/400ms")
         elif action in ("vanish", "kill", "restore"):
             verb.add_argument("host", help="a host of the testbed, for example tvd-h2")
         elif action == "exec":

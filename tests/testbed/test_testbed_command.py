@@ -11,7 +11,7 @@ import pytest
 from testbed_support import head_run, leftovers, require_testbed, new_testbed_name
 
 from transientvod.testbed import TestbedError, cluster
-from transientvod.testbed.layout import plan
+from transientvod.testbed.layout import link_shape, plan
 from transientvod.testbed.record import load_record
 
 pytestmark = require_testbed()
@@ -34,6 +34,7 @@ def one_sentence(done: subprocess.CompletedProcess) -> str:
     (["up", "--hosts", "1"], "--hosts is 1; a testbed has between 2 and 64 hosts."),
     (["up", "--hosts", "65"], "--hosts is 65; a testbed has between 2 and 64 hosts."),
     (["up", "--bandwidth", "fast"], "the bandwidth 'fast' is not a rate tc understands"),
+    (["up", "--bandwidth", "25mbit/deep"], "the queue in '25mbit/deep' is not a time tc understands; give RATE/QUEUE"),
     (["down"], "is up; start one with"),
     (["status"], "is up; start one with"),
     (["vanish", "tvd-h1"], "is up; start one with"),
@@ -57,7 +58,7 @@ def test_a_rate_tc_rejects_is_one_sentence_and_nothing_is_left():
 
 def test_up_status_vanish_restore_kill_down(tmp_path):
     name = new_testbed_name()
-    done = run_testbed_cli("up", "--name", name, "--hosts", "3", "--bandwidth", "50mbit")
+    done = run_testbed_cli("up", "--name", name, "--hosts", "3", "--bandwidth", "50mbit/400ms")
     assert done.returncode == 0, done.stderr
     try:
         layout = load_record(name).layout
@@ -78,7 +79,7 @@ def test_up_status_vanish_restore_kill_down(tmp_path):
         status = run_testbed_cli("status", "--name", name)
         assert status.returncode == 0, status.stderr
         rows = {line.split()[0]: line.split() for line in status.stdout.splitlines()[1:]}
-        assert rows[h2.name] == [h2.name, h2.address, "up", "up", "running", "50Mbit"]
+        assert rows[h2.name] == [h2.name, h2.address, "up", "up", "running", "50Mbit/400ms"]
 
         run_testbed_cli("vanish", "--name", name, h2.name).check_returncode()
         row = {r["host"]: r for r in cluster.status(name)}[h2.name]
@@ -91,7 +92,7 @@ def test_up_status_vanish_restore_kill_down(tmp_path):
 
         run_testbed_cli("restore", "--name", name, h2.name).check_returncode()
         row = {r["host"]: r for r in cluster.status(name)}[h2.name]
-        assert (row["condition"], row["link"], row["sshd"], row["shaping"]) == ("up", "up", "running", "50Mbit")
+        assert (row["condition"], row["link"], row["sshd"], row["shaping"]) == ("up", "up", "running", "50Mbit/400ms")
         assert head_run(name, ["ssh", h2.name, "hostname"]).stdout.strip() == h2.name
 
         run_testbed_cli("kill", "--name", name, h3.name).check_returncode()
@@ -185,6 +186,15 @@ def test_layout_names_and_addresses():
     assert [m.address for m in layout.machines] == ["10.213.0.1", "10.213.0.11", "10.213.0.12", "10.213.0.13"]
     with pytest.raises(TestbedError, match="1-8 lowercase letters"):
         plan("Bad_Name", 3)
+
+
+def test_a_link_is_a_rate_and_a_queue_of_50_ms_unless_given():
+    assert link_shape("100mbit") == ("100mbit", "50ms")
+    assert link_shape("25Mbit/400ms") == ("25mbit", "400ms")
+    with pytest.raises(TestbedError, match="not a rate tc understands"):
+        link_shape("/400ms")
+    with pytest.raises(TestbedError, match="the queue in '25mbit/0ms'"):
+        plan("tvd", 2, "25mbit/0ms")
 
 
 def test_down_leaves_sshds_privilege_directory_to_a_testbed_still_up():

@@ -19,6 +19,11 @@ NAME_PATTERN = re.compile(r"^[a-z][a-z0-9]{0,7}$")  # short: bridge ports are na
 RATE_PATTERN = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$")
 RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
               "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12}
+QUEUE_PATTERN = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$")
+# How long a packet may wait in tbf's bucket before it is dropped. 50 ms drops under the
+# exchange's bursts (TCP then recovers the losses); a deep queue, 400 ms, drops none. Which one
+# a cloud's rate limiter is like is not known here, so the queue is part of the link's spec.
+DEFAULT_QUEUE = "50ms"
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,7 @@ class Machine:
 class Layout:
     name: str
     machines: tuple[Machine, ...]
-    bandwidth: str  # tc rate of each host's egress, "" for unshaped
+    bandwidth: str  # each host's egress: "RATE" or "RATE/QUEUE" (link_shape), "" for unshaped
 
     @property
     def head(self) -> Machine:
@@ -61,10 +66,22 @@ def plan(name: str, hosts: int, bandwidth: str = "") -> Layout:
     if not MIN_HOSTS <= hosts <= MAX_HOSTS:
         raise TestbedError(f"--hosts is {hosts}; a testbed has between {MIN_HOSTS} and {MAX_HOSTS} hosts.")
     if bandwidth:
-        rate_bits_per_second(bandwidth)
+        link_shape(bandwidth)
     head = Machine(f"{name}-head", f"{SUBNET}.{HEAD_OCTET}", "head")
     members = [Machine(f"{name}-h{i + 1}", f"{SUBNET}.{FIRST_HOST_OCTET + i}", "host") for i in range(hosts)]
     return Layout(name, (head, *members), bandwidth)
+
+
+def link_shape(bandwidth: str) -> tuple[str, str]:
+    """'25mbit' or '25mbit/400ms': (tc rate, tbf queue latency), or one sentence saying what to fix."""
+    rate, _, queue = bandwidth.strip().lower().partition("/")
+    rate_bits_per_second(rate)
+    queue = queue or DEFAULT_QUEUE
+    match = QUEUE_PATTERN.match(queue)
+    if not match or float(match.group(1)) <= 0:
+        raise TestbedError(f"the queue in {bandwidth!r} is not a time tc understands; give RATE/QUEUE such as "
+                           "25mbit/400ms (the queue is how long a packet may wait before tbf drops it).")
+    return rate, queue
 
 
 def rate_bits_per_second(rate: str) -> float:

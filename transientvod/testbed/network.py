@@ -11,10 +11,9 @@ import subprocess
 import time
 
 from transientvod.testbed import TestbedError
-from transientvod.testbed.layout import INTERFACE, Layout, Machine, tbf_burst_bytes
+from transientvod.testbed.layout import INTERFACE, Layout, Machine, link_shape, tbf_burst_bytes
 
 BRIDGE = "br0"
-TBF_LATENCY = "50ms"  # how long a packet may wait in the bucket before tbf drops it
 
 
 def run(argv: list[str], what: str) -> str:
@@ -63,18 +62,23 @@ def link_is_up(namespace: str) -> bool:
     return "state UP" in out or ",UP" in out.split(">")[0]
 
 
-def shape(namespace: str, rate: str) -> None:
-    """Limit the machine's egress to `rate` with a token bucket (tbf)."""
+def shape(namespace: str, bandwidth: str) -> None:
+    """Limit the machine's egress to a rate with a token bucket (tbf): `bandwidth` is RATE or
+    RATE/QUEUE (layout.link_shape)."""
+    rate, queue = link_shape(bandwidth)
     run(["tc", "-n", namespace, "qdisc", "replace", "dev", INTERFACE, "root", "tbf", "rate", rate,
-         "burst", str(tbf_burst_bytes(rate)), "latency", TBF_LATENCY],
+         "burst", str(tbf_burst_bytes(rate)), "latency", queue],
         f"shape {namespace} to {rate} (tc rejected it; give a rate such as 100mbit or 1gbit)")
 
 
 def shaping(namespace: str) -> str:
     out = run(["tc", "-n", namespace, "qdisc", "show", "dev", INTERFACE], f"read the shaping of {namespace}")
     for line in out.splitlines():
-        if " tbf " in f" {line} ":
-            return line.split(" rate ", 1)[1].split()[0] if " rate " in line else "tbf"
+        words = line.split()
+        if "tbf" in words:
+            # tc prints "... tbf 8001: root refcnt 2 rate 25Mbit burst 31250b lat 400ms": RATE/QUEUE
+            rate = words[words.index("rate") + 1] if "rate" in words else "tbf"
+            return f"{rate}/{words[words.index('lat') + 1]}" if "lat" in words else rate
     return "none"
 
 
