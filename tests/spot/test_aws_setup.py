@@ -48,7 +48,7 @@ class Cloud:
     """The test's own view of the account: what exists, and EC2 playing its part."""
 
     def __init__(self, endpoint: str, ami: str, session):
-        self.endpoint, self.ami = endpoint, ami
+        self.endpoint, self.ami, self.session = endpoint, ami, session
         self.sqs = session.client("sqs", endpoint_url=endpoint)
         self.events = session.client("events", endpoint_url=endpoint)
         self.iam = session.client("iam", endpoint_url=endpoint)
@@ -393,6 +393,35 @@ def test_a_rollback_leaves_what_existed_before_the_run(cloud, tmp_path):
     assert "Policy" not in cloud.sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["Policy"]).get(
         "Attributes", {})  # the policy this run set is gone with the rest
     assert left["rules"] == [] and left["roles"] == [] and left["profiles"] == []
+
+
+@pytest.mark.parametrize("interrupted_at", [0, 5, PARTS - 1])
+def test_ctrl_c_removes_what_the_run_made_including_the_part_aws_had_just_made(cloud, interrupted_at):
+    """SIGINT arrives right after AWS answered a create call, before setup counted the part:
+    the worst moment. Python's own SIGINT handler turns it into KeyboardInterrupt."""
+    import dataclasses
+
+    from transientvod.spot.aws_setup import AwsSetup
+    from transientvod.spot.provider import ProviderError
+
+    setup = AwsSetup(JOB, REGION, endpoint_url=cloud.endpoint, session=cloud.session, say=lambda line: None)
+    parts = setup.parts()
+
+    def create_then_ctrl_c(create=parts[interrupted_at].create):
+        create()
+        signal.raise_signal(signal.SIGINT)
+
+    parts[interrupted_at] = dataclasses.replace(parts[interrupted_at], create=create_then_ctrl_c)
+    setup.parts = lambda: parts
+    with pytest.raises(ProviderError) as raised:
+        setup.setup()
+    sentence = str(raised.value)
+    assert sentence.startswith(f"aws setup was interrupted (Ctrl-C) at {parts[interrupted_at].what}; "), sentence
+    made = ("the part this run created was" if interrupted_at == 0
+            else f"the {interrupted_at + 1} parts this run created were")
+    assert sentence.endswith(f"{made} removed again."), sentence
+    assert cloud.inventory() == {"queues": [], "rules": [], "targets": [], "roles": [], "role policies": [],
+                                 "profiles": []}
 
 
 @pytest.mark.parametrize("option, value, fragment", [

@@ -88,10 +88,13 @@ class AwsSetup:
     # --- the two commands ----------------------------------------------------------------------
 
     def setup(self) -> str:
-        """Make what is missing; returns the queue URL."""
+        """Make what is missing; returns the queue URL. A refused call or Ctrl-C removes what
+        this run made, and leaves what was there before."""
         made: list[Part] = []
+        part, state = None, EXISTS  # the part in hand, and whether it was there before this run
         try:
             for part in self.parts():
+                state = EXISTS  # until its lookup answers, this run has made nothing of it
                 with self._errors(part.what):
                     state = part.state()
                     if state == EXISTS:
@@ -103,7 +106,20 @@ class AwsSetup:
                 self.say(f"  {part.what}: {CREATED if state is None else UPDATED}")
         except ProviderError as failure:
             raise ProviderError(self._rolled_back(str(failure), made)) from failure.__cause__
+        except KeyboardInterrupt:
+            # Ctrl-C may land after AWS made the part in hand and before it was counted: ask.
+            if state is None and part not in made and self._exists_now(part):
+                made.append(part)
+            where = f" at {part.what}" if part is not None else ""
+            raise ProviderError(self._rolled_back(f"aws setup was interrupted (Ctrl-C){where}.", made)) from None
         return self._queue_url
+
+    @staticmethod
+    def _exists_now(part: Part) -> bool:
+        try:
+            return part.state() is not None
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError):
+            return True  # cannot tell: try to delete it; if that fails too, the sentence names teardown
 
     def teardown(self) -> None:
         for part in reversed(self.parts()):
@@ -129,7 +145,8 @@ class AwsSetup:
                     "once that works.")
         if not made:
             return f"{sentence.rstrip('.')}; this run created nothing."
-        return f"{sentence.rstrip('.')}; the {len(made)} parts this run created were removed again."
+        parts = "the part" if len(made) == 1 else f"the {len(made)} parts"
+        return f"{sentence.rstrip('.')}; {parts} this run created {'was' if len(made) == 1 else 'were'} removed again."
 
     # --- the parts, in the order setup makes them ----------------------------------------------
 
