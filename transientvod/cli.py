@@ -229,6 +229,10 @@ def cmd_fleet(args) -> int:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     fleet = Fleet(spec, region=args.region, endpoint_url=args.endpoint_url, dry_run=args.dry_run)
+    joins = (f"{len(user_data.encode())} bytes of user data (the join script; --print-user-data shows it)"
+             if user_data else "no user data")
+    print(f"transientvod fleet: each instance gets {joins} and "
+          + (f"instance profile {instance_profile}." if instance_profile else "no instance profile."), flush=True)
     if args.dry_run:
         for action in fleet.reconcile():
             print(f"would {action.kind} {action.instance_type or ''} {action.instance_id or ''}: {action.reason}".strip())

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_SECONDS = int(os.environ.get("TRANSIENTVOD_SSH_CONNECT_TIMEOUT", "10"))
 # horovodrun's ssh options (horovod/runner/util/remote.py) and no prompt of any kind.
-SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "PasswordAuthentication=no", "-o", "StrictHostKeyChecking=no")
+SSH_OPTIONS = ("-T", "-n", "-o", "BatchMode=yes", "-o", "PasswordAuthentication=no", "-o", "StrictHostKeyChecking=no")
 MAX_PARALLEL = 32
 
 
@@ -53,15 +53,23 @@ def remote_hosts(hosts: list[str]) -> list[str]:
     return remote
 
 
-def identity_files(host: str) -> list[str]:
-    """The key files ssh would offer `host`: the identity files its configuration names for
-    that host which exist (ssh skips the others)."""
+def identity_files(host: str) -> tuple[list[str], list[str]]:
+    """The identity files ssh's configuration names for `host`, and those of them that exist:
+    the keys ssh offers (it skips the others)."""
     try:
         done = subprocess.run(["ssh", "-G", host], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
-        return []
+        return [], []
     named = [line.split(None, 1)[1] for line in done.stdout.splitlines() if line.startswith("identityfile ")]
-    return [path for path in (os.path.expanduser(p) for p in named) if os.path.exists(path)]
+    return named, [path for path in (os.path.expanduser(p) for p in named) if os.path.exists(path)]
+
+
+def key_words(host: str) -> str:
+    """'key PATH' for the sentence, or which files ssh looked for when none exists."""
+    named, offered = identity_files(host)
+    if offered:
+        return f"key {', '.join(offered)}"
+    return f"no key (none of {', '.join(named) or 'the identity files'} exists)"
 
 
 def probe(host: str) -> str | None:
@@ -91,12 +99,9 @@ def check_reach(hosts: list[str]) -> dict[str, str]:
     failed = {host: why for host, why in answers.items() if why is not None}
     if len(failed) == len(remote):
         host = remote[0]
-        keys = identity_files(host)
-        key = (f"key {', '.join(keys)}" if keys else
-               "no key (none of the identity files ssh -G names exists)")
         others = f" (and {len(remote) - 1} more hosts)" if len(remote) > 1 else ""
         raise UnreachableHosts(
-            f"the launcher reaches no worker host over SSH: {host}{others} answered '{failed[host]}' to {key}; "
+            f"the launcher reaches no worker host over SSH: {host}{others} answered '{failed[host]}' to {key_words(host)}; "
             "authorize that key on the workers (transientvod fleet --ssh-public-key takes its .pub) or name the "
             f"right one as IdentityFile in ~/.ssh/config, and note that a fleet's host takes the key only once "
             f"its user data has finished ({JOIN_LOG} on the host).")
