@@ -213,10 +213,6 @@ def cmd_fleet(args) -> int:
             raise ConfigError("--print-user-data prints the join script, which needs --ssh-public-key.")
         sys.stdout.write(user_data)
         return 0
-    instance_profile = fleet_instance_profile(args, user_data)
-    if not user_data:
-        print("transientvod fleet: no --ssh-public-key, so no user data: the image itself must run sshd with the "
-              "launcher's key and have torch, Horovod and transientvod.", flush=True)
     instance_types = [t for t in args.instance_types.split(",") if t]
     region = args.region or boto3.session.Session().region_name or ""
     try:
@@ -224,10 +220,14 @@ def cmd_fleet(args) -> int:
                          target=args.target, image_id=args.image_id,
                          hourly_price=fleet_prices(instance_types, parse_prices(args.price), region),
                          budget=args.budget, subnet_id=args.subnet_id, key_name=args.key_name,
-                         security_group_ids=args.security_group_id, user_data=user_data,
-                         instance_profile=instance_profile)
+                         security_group_ids=args.security_group_id, user_data=user_data)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    # After every check of what was typed: this is the first AWS call.
+    instance_profile = spec.instance_profile = fleet_instance_profile(args, user_data)
+    if not user_data:
+        print("transientvod fleet: no --ssh-public-key, so no user data: the image itself must run sshd with the "
+              "launcher's key and have torch, Horovod and transientvod.", flush=True)
     fleet = Fleet(spec, region=args.region, endpoint_url=args.endpoint_url, dry_run=args.dry_run)
     joins = (f"{len(user_data.encode())} bytes of user data (the join script; --print-user-data shows it)"
              if user_data else "no user data")
