@@ -20,7 +20,7 @@
     transientvod aws teardown --job-tag JOB --region R
                                           removes what setup made
     transientvod testbed up --hosts N [--bandwidth 100mbit] | down | status | vanish HOST | kill HOST
-                         | restore HOST | exec -- COMMAND
+                         | restore HOST | exec -- COMMAND | boot HOST --user-data FILE
                                           a real cluster on this machine (root): namespaced hosts with sshd
 
 With `spot.provider` set (trace, aws or gce), `train` starts the watcher itself and uses
@@ -321,6 +321,10 @@ def cmd_testbed(args) -> int:
     elif args.action == "exec":
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         return cluster.exec_on_head(args.name, command)
+    elif args.action == "boot":
+        from transientvod.testbed.boot import boot
+        sys.stdout.write(boot(args.name, args.host, Path(args.user_data)))
+        print(f"testbed {args.name}: {args.host} booted from {args.user_data}")
     else:  # vanish, kill, restore
         getattr(cluster, args.action)(args.name, args.host)
         done = {"vanish": "vanished", "kill": "killed", "restore": "restored"}[args.action]
@@ -468,15 +472,18 @@ def build_parser() -> argparse.ArgumentParser:
     helps = {"up": "make the head and N hosts", "down": "remove all the testbed made",
              "status": "hosts, addresses, link, sshd and shaping", "vanish": "the host disappears from the network",
              "kill": "the host's processes are killed", "restore": "a replacement server comes back",
-             "exec": "run a command on the head (after --)"}
+             "exec": "run a command on the head (after --)",
+             "boot": "the host's sshd stops and it runs user data as a new VM would (fleet --print-user-data)"}
     for action, text in helps.items():
         verb = actions.add_parser(action, help=text)
         verb.add_argument("--name", default="tvd", help="the testbed's name, the prefix of its hosts (default: tvd)")
         if action == "up":
             verb.add_argument("--hosts", type=int, default=3, help="how many hosts (2..64)")
             verb.add_argument("--bandwidth", default="", help="each host's egress rate, for example 100mbit")
-        elif action in ("vanish", "kill", "restore"):
+        elif action in ("vanish", "kill", "restore", "boot"):
             verb.add_argument("host", help="a host of the testbed, for example tvd-h2")
+            if action == "boot":
+                verb.add_argument("--user-data", required=True, help="the script to run, as root, in the foreground")
         elif action == "exec":
             verb.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     testbed.set_defaults(func=cmd_testbed)

@@ -57,7 +57,11 @@ def test_a_key_the_host_does_not_know_is_one_sentence_naming_host_and_key(testbe
     _, h2 = record.layout.hosts
     other = tmp_path / "other_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True, timeout=30)
-    boot(record.name, h2.name, user_data(tmp_path, other.with_suffix(".pub")))
+    script = user_data(tmp_path, other.with_suffix(".pub"))
+    done = subprocess.run(TRANSIENTVOD + ["testbed", "boot", "--name", record.name, h2.name, "--user-data",
+                                          str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.endswith(f"testbed {record.name}: {h2.name} booted from {script}\n"), done.stdout
 
     job = RehearsalJob(tmp_path, record, "wrongkey", cluster={"min_np": 1, "max_np": 1, "network_interface": "eth0"})
     job.start(f"echo {h2.name}:1")
