@@ -56,6 +56,7 @@ def test_print_user_data_writes_the_join_script_for_this_launcher_and_calls_no_a
     # horovodrun runs the launcher's own python path on every host: the venv goes there.
     assert values["VENV"] == sys.prefix
     assert values["SSH_USER"] == getpass.getuser()
+    assert values["PYTHON_VERSION"] == f"{sys.version_info[0]}.{sys.version_info[1]}"  # the wheel's ABI
     assert values["HOROVOD_WHEEL"] == "" and values["PROJECT"] == ""
 
 

@@ -17,7 +17,7 @@ WHEEL = "s3://my-bucket/wheels/horovod-0.28.1+transientvod.1a2b3c4d-cp311-cp311-
 def spec(**changes) -> JoinSpec:
     values = {"public_key": KEY, "ssh_user": "ubuntu", "venv": "/home/ubuntu/transientvod/.venv",
               "project": "git+https://example.org/transientvod.git@v0.1.0", "horovod_wheel": WHEEL,
-              "torch": "torch==2.13.0", "region": "us-east-1"}
+              "torch": "torch==2.13.0", "region": "us-east-1", "python_version": "3.11"}
     values.update(changes)
     return JoinSpec(**values)
 
@@ -25,7 +25,7 @@ def spec(**changes) -> JoinSpec:
 def values_in_bash(script: str) -> dict[str, str]:
     """The script's settings as bash itself reads them (its quoting, not ours)."""
     head = script.split("mkdir -p", 1)[0].replace("set -euo pipefail", "")
-    names = ("SSH_USER", "VENV", "PUBLIC_KEY", "PROJECT", "HOROVOD_WHEEL", "TORCH_SPEC", "REGION")
+    names = ("SSH_USER", "VENV", "PUBLIC_KEY", "PROJECT", "HOROVOD_WHEEL", "TORCH_SPEC", "REGION", "PYTHON_VERSION")
     printed = subprocess.run(["bash", "-c", head + "".join(f'printf "%s\\0" "${n}";' for n in names)],
                              capture_output=True, text=True, check=True).stdout
     return dict(zip(names, printed.split("\0")))
@@ -39,7 +39,7 @@ def test_the_script_is_valid_bash_and_carries_each_value_verbatim():
     assert values_in_bash(script) == {
         "SSH_USER": "ubuntu", "VENV": "/home/ubuntu/transientvod/.venv", "PUBLIC_KEY": awkward,
         "PROJECT": "git+https://example.org/transientvod.git@v0.1.0", "HOROVOD_WHEEL": WHEEL,
-        "TORCH_SPEC": "torch==2.13.0", "REGION": "us-east-1"}
+        "TORCH_SPEC": "torch==2.13.0", "REGION": "us-east-1", "PYTHON_VERSION": "3.11"}
 
 
 def test_the_key_is_authorized_after_the_install_and_sshd_starts_last():
@@ -76,6 +76,7 @@ def test_the_script_fits_ec2s_limit_and_a_longer_one_is_one_sentence():
     ({"public_key": KEY + "\n" + KEY}, "the SSH public key is not one line of an OpenSSH .pub file"),
     ({"public_key": "not a key"}, "the SSH public key is not one line of an OpenSSH .pub file"),
     ({"ssh_user": "Bad User"}, "the SSH user 'Bad User' is not a Linux user name"),
+    ({"python_version": "3"}, "the Python version '3' must look like 3.11."),
     ({"venv": ".venv"}, "the worker venv '.venv' must be an absolute path (the launcher's venv)."),
     ({"horovod_wheel": "https://example.org/horovod.whl"},
      "the Horovod wheel 'https://example.org/horovod.whl' must be an s3://bucket/key.whl URL"),

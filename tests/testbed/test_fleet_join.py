@@ -18,17 +18,17 @@ from conftest import TRANSIENTVOD
 from test_testbed_jobs import RehearsalJob, fixed_hosts
 from testbed_support import require_testbed, testbed_factory  # noqa: F401 (a fixture)
 
-from transientvod.testbed import sshd
+from transientvod.testbed import TestbedError, sshd
 from transientvod.testbed.boot import boot
 
 pytestmark = [require_testbed(), pytest.mark.slow]
 
 
-def user_data(tmp_path, public_key) -> str:
+def user_data(tmp_path, public_key, *extra: str) -> str:
     """The script as a user gets it: from the fleet command, for this launcher (its venv, root)."""
     done = subprocess.run(TRANSIENTVOD + ["fleet", "--job-tag", "testbed", "--instance-types", "g4dn.xlarge",
                                           "--target", "1", "--image-id", "ami-12345678", "--ssh-public-key",
-                                          str(public_key), "--ssh-user", "root", "--print-user-data"],
+                                          str(public_key), "--ssh-user", "root", "--print-user-data", *extra],
                           capture_output=True, text=True, timeout=60, check=True)
     path = tmp_path / "user-data.sh"
     path.write_text(done.stdout)
@@ -72,3 +72,17 @@ def test_a_key_the_host_does_not_know_is_one_sentence_naming_host_and_key(testbe
                            f"'root@{h2.name}: Permission denied (publickey"), job.log()
     assert f".' to key {record.directory / 'id_ed25519'}; authorize that key on the workers" in last, job.log()
     assert "transientvod: starting" not in job.log_path.read_text()  # horovodrun never ran
+
+
+def test_a_host_whose_install_fails_never_takes_the_key(testbed_factory, tmp_path):
+    # The venv is missing and no project source is given: the script stops before the key,
+    # so the launcher cannot start a worker on a host that could not run one.
+    record = testbed_factory(2)
+    head, (_, h2) = record.layout.head, record.layout.hosts
+    script = user_data(tmp_path, record.directory / "id_ed25519.pub", "--worker-venv", str(tmp_path / "no-venv"))
+    with pytest.raises(TestbedError) as error:
+        boot(record.name, h2.name, script)
+    assert str(error.value).startswith(f"the user data on {h2.name} exited with 1 (transientvod-join: ")
+    assert str(error.value).endswith(f"FAILED: {tmp_path / 'no-venv'} lacks torch, Horovod or transientvod and no "
+                                     "project source was given (--project-spec)).")
+    assert not sshd.ssh_probe(head, h2, timeout=5)

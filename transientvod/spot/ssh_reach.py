@@ -101,7 +101,8 @@ def check_reach(hosts: list[str]) -> dict[str, str]:
         host = remote[0]
         others = f" (and {len(remote) - 1} more hosts)" if len(remote) > 1 else ""
         raise UnreachableHosts(
-            f"the launcher reaches no worker host over SSH: {host}{others} answered '{failed[host]}' to {key_words(host)}; "
+            f"the launcher reaches no worker host over SSH: {host}{others} answered '{failed[host]}' to "
+            f"{key_words(host)}; "
             "authorize that key on the workers (transientvod fleet --ssh-public-key takes its .pub) or name the "
             f"right one as IdentityFile in ~/.ssh/config, and note that a fleet's host takes the key only once "
             f"its user data has finished ({JOIN_LOG} on the host).")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +52,7 @@ class JoinSpec:
     horovod_wheel: str = ""  # s3://bucket/key.whl of the patched Horovod wheel; "" = build it
     torch: str = "torch"  # pip requirement of torch: the version the wheel was built against
     region: str = ""  # for the S3 download (the instance's own region)
+    python_version: str = f"{sys.version_info[0]}.{sys.version_info[1]}"  # the launcher's: the wheel's ABI
 
     def __post_init__(self):
         key = self.public_key.strip()
@@ -69,6 +71,8 @@ class JoinSpec:
         if self.horovod_wheel and not WHEEL_URL.match(self.horovod_wheel):
             raise UserDataError(f"the Horovod wheel {self.horovod_wheel!r} must be an s3://bucket/key.whl URL "
                                 "(upload the wheel launch/install_horovod.sh built and cached).")
+        if not re.fullmatch(r"3\.\d+", self.python_version):
+            raise UserDataError(f"the Python version {self.python_version!r} must look like 3.11.")
         if self.project and not self.horovod_wheel and not self.project.startswith(GIT_SOURCE):
             raise UserDataError("without --horovod-wheel the worker builds Horovod with the project's "
                                 "launch/install_horovod.sh, which only a git source has; give --project-spec "
@@ -101,7 +105,7 @@ def join_script(spec: JoinSpec) -> str:
     values = "\n".join(f"{name}={shlex.quote(value)}" for name, value in (
         ("SSH_USER", spec.ssh_user), ("VENV", spec.venv), ("PUBLIC_KEY", spec.public_key),
         ("PROJECT", spec.project), ("HOROVOD_WHEEL", spec.horovod_wheel), ("TORCH_SPEC", spec.torch),
-        ("REGION", spec.region), ("LOG", JOIN_LOG)))
+        ("REGION", spec.region), ("PYTHON_VERSION", spec.python_version), ("LOG", JOIN_LOG)))
     return check_size(SCRIPT.replace("@VALUES@", values))
 
 
@@ -119,9 +123,12 @@ trap 'die "line $LINENO exited with $?"' ERR
 packages() {  # install OS packages with whichever manager the image has
   if command -v apt-get >/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@"
-  elif command -v dnf >/dev/null; then dnf install -y -q "$@"
-  elif command -v yum >/dev/null; then yum install -y -q "$@"
-  else die "no apt-get, dnf or yum to install $*"; fi
+  else  # Red Hat's python3 has venv inside; it has no python3-venv package
+    local names=(); for p in "$@"; do [ "$p" = python3-venv ] || names+=("$p"); done
+    if command -v dnf >/dev/null; then dnf install -y -q "${names[@]}"
+    elif command -v yum >/dev/null; then yum install -y -q "${names[@]}"
+    else die "no apt-get, dnf or yum to install $*"; fi
+  fi
 }
 say "joining as $SSH_USER on $(hostname), Python at $VENV"
 
@@ -136,9 +143,14 @@ if [ -x "$PY" ] && "$PY" -c 'import torch, horovod.torch, transientvod' 2>/dev/n
   say "torch, Horovod and transientvod are installed in $VENV already"
 else
   [ -n "$PROJECT" ] || die "$VENV lacks torch, Horovod or transientvod and no project source was given (--project-spec)"
-  command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null || packages python3 python3-venv
+  # The launcher's Python version: the Horovod wheel is built for one ABI.
+  BASE=$(command -v "python$PYTHON_VERSION" || command -v python3 || true)
+  [ -n "$BASE" ] && "$BASE" -c 'import venv, ensurepip' 2>/dev/null || packages python3 python3-venv
+  BASE=$(command -v "python$PYTHON_VERSION" || command -v python3)
+  [ "$("$BASE" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" = "$PYTHON_VERSION" ] \
+    || die "the image has no Python $PYTHON_VERSION (the launcher's); its python3 is $("$BASE" -V 2>&1)"
   command -v git >/dev/null || packages git
-  [ -x "$PY" ] || python3 -m venv "$VENV"
+  [ -x "$PY" ] || "$BASE" -m venv "$VENV"
   "$PY" -m pip install -q --upgrade pip
   "$PY" -m pip install -q "$TORCH_SPEC"
   SRC=/opt/transientvod/src
