@@ -114,7 +114,8 @@ def prepare(config: Config, discovery: str | None = None) -> tuple[list[str], Pa
 
 
 def check_ssh_reach(host_lines: list[str]) -> None:
-    """The remote hosts discovery lists take the launcher's SSH login (at least one of them)."""
+    """Every remote host discovery lists takes the launcher's SSH login: horovodrun would stop
+    the whole job on one that does not."""
     from transientvod.spot.ssh_reach import UnreachableHosts, check_reach
     try:
         check_reach([line.rsplit(":", 1)[0] for line in host_lines])

@@ -26,7 +26,7 @@ def nothing_listens_on(address: str) -> bool:
 def test_local_names_are_not_probed_and_other_names_are_remote():
     assert ssh_reach.remote_hosts(["localhost", "127.0.0.1", socket.gethostname(), UNREACHABLE,
                                    "no-such-host.invalid"]) == [UNREACHABLE, "no-such-host.invalid"]
-    assert ssh_reach.check_reach(["localhost", "127.0.0.1"]) == {}
+    assert ssh_reach.check_reach(["localhost", "127.0.0.1"]) is None  # nothing to reach: no ssh at all
 
 
 @pytest.mark.skipif(not nothing_listens_on(UNREACHABLE), reason=f"something listens on {UNREACHABLE}:22 here")
@@ -60,3 +60,13 @@ def test_train_stops_before_horovodrun_when_no_listed_host_answers(tmp_path):
                            f"'ssh: connect to host {UNREACHABLE} port 22: Connection refused' to "), done.stderr
     assert "transientvod: starting" not in done.stdout  # horovodrun never ran
     assert not (tmp_path / "runs" / "unreachable").exists()
+
+
+def test_the_join_modules_import_neither_torch_nor_horovod():
+    import sys
+
+    code = ("import sys, transientvod.spot.ssh_reach, transientvod.spot.user_data; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'horovod')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -86,3 +86,23 @@ def test_a_host_whose_install_fails_never_takes_the_key(testbed_factory, tmp_pat
     assert str(error.value).endswith(f"FAILED: {tmp_path / 'no-venv'} lacks torch, Horovod or transientvod and no "
                                      "project source was given (--project-spec)).")
     assert not sshd.ssh_probe(head, h2, timeout=5)
+
+
+def test_one_host_that_refuses_the_key_stops_the_launch_naming_it(testbed_factory, tmp_path):
+    # horovodrun does not leave such a host out: with the preflight out of the way, its worker
+    # failed to start and the whole job stopped (min_np 1, one good host). So the launcher refuses.
+    record = testbed_factory(2)
+    _, h2 = record.layout.hosts
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True, timeout=30)
+    boot(record.name, h2.name, user_data(tmp_path, other.with_suffix(".pub")))
+
+    job = RehearsalJob(tmp_path, record, "partial", cluster={"min_np": 1, "max_np": 2, "network_interface": "eth0"})
+    job.start(fixed_hosts(record))
+    assert job.wait(timeout=120) == 2, job.log()
+    last = job.log_path.read_text().strip().splitlines()[-1]
+    assert last.startswith(f"transientvod: the launcher cannot reach {h2.name} over SSH, and horovodrun would stop "
+                           f"the whole job on it: {h2.name} answered 'root@{h2.name}: Permission denied (publickey"), \
+        job.log()
+    assert f".' to key {record.directory / 'id_ed25519'}; authorize that key on the workers" in last, job.log()
+    assert "transientvod: starting" not in job.log_path.read_text()

@@ -4,15 +4,16 @@ horovodrun starts every remote worker with `ssh HOST ...` and reports a host it 
 to only as a worker that failed, deep in its log, after its own timeouts. So before it starts,
 the launcher tries `ssh HOST true` on every remote host the discovery script lists, all at once
 and bounded in time, with horovodrun's own options (no password, any host key) plus BatchMode
-(never a prompt). Reaching none is one sentence naming a host, what ssh answered and the key
-ssh offered (the identity files `ssh -G` names that exist); reaching some logs the others.
+(never a prompt). A host it cannot reach is one sentence naming the host, what ssh answered and
+the key ssh offered (the identity files `ssh -G` names that exist). Reaching only some of the
+hosts is refused too: horovodrun does not leave such a host out, its worker fails to start and
+the whole job stops with it (tests/testbed/test_fleet_join.py saw it, with min_np 1).
 
 Which hosts are remote is Horovod's rule: a host is local when its name resolves to an address
 of one of this machine's interfaces.
 """
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import subprocess
@@ -21,8 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 
 from transientvod.spot.user_data import JOIN_LOG
-
-log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_SECONDS = int(os.environ.get("TRANSIENTVOD_SSH_CONNECT_TIMEOUT", "10"))
 # horovodrun's ssh options (horovod/runner/util/remote.py) and no prompt of any kind.
@@ -87,25 +86,24 @@ def probe(host: str) -> str | None:
     return (lines or [f"ssh exited with {done.returncode}"])[-1]
 
 
-def check_reach(hosts: list[str]) -> dict[str, str]:
-    """Probe the remote ones of `hosts`; raises UnreachableHosts if none answers. Returns the
-    hosts it could not reach, with ssh's answer (the job goes on with the others: Horovod
-    leaves a failing host out)."""
+def check_reach(hosts: list[str]) -> None:
+    """Probe the remote ones of `hosts`; raises UnreachableHosts unless every one answers."""
     remote = remote_hosts(hosts)
     if not remote:
-        return {}
+        return
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(remote))) as pool:
         answers = dict(zip(remote, pool.map(probe, remote)))
-    failed = {host: why for host, why in answers.items() if why is not None}
+    failed = [host for host in remote if answers[host] is not None]
+    if not failed:
+        return
+    host = failed[0]
+    others = f" (and {len(failed) - 1} more hosts)" if len(failed) > 1 else ""
     if len(failed) == len(remote):
-        host = remote[0]
-        others = f" (and {len(remote) - 1} more hosts)" if len(remote) > 1 else ""
-        raise UnreachableHosts(
-            f"the launcher reaches no worker host over SSH: {host}{others} answered '{failed[host]}' to "
-            f"{key_words(host)}; "
-            "authorize that key on the workers (transientvod fleet --ssh-public-key takes its .pub) or name the "
-            f"right one as IdentityFile in ~/.ssh/config, and note that a fleet's host takes the key only once "
-            f"its user data has finished ({JOIN_LOG} on the host).")
-    for host, why in failed.items():
-        log.warning("the launcher cannot reach %s over SSH (%s); horovodrun will leave it out.", host, why)
-    return failed
+        what = f"the launcher reaches no worker host over SSH: {host}{others}"
+    else:
+        what = (f"the launcher cannot reach {host}{others} over SSH, and horovodrun would stop the whole job on "
+                f"it: {host}")
+    raise UnreachableHosts(
+        f"{what} answered '{answers[host]}' to {key_words(host)}; authorize that key on the workers (transientvod "
+        "fleet --ssh-public-key takes its .pub) or name the right one as IdentityFile in ~/.ssh/config, and note "
+        f"that a fleet's host takes the key only once its user data has finished ({JOIN_LOG} on the host).")
