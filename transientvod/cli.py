@@ -180,7 +180,7 @@ def fleet_user_data(args) -> str:
         raise ConfigError(str(e)) from None
 
 
-def fleet_instance_profile(args, user_data: str) -> str:
+def fleet_instance_profile(args) -> str:
     """--instance-profile as given; by default the one `aws setup` made for the job tag, when it
     exists: the workers need its credentials for S3 checkpoints and the Horovod wheel."""
     from transientvod.spot.aws_setup import setup_instance_profile
@@ -224,7 +224,7 @@ def cmd_fleet(args) -> int:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     # After every check of what was typed: this is the first AWS call.
-    instance_profile = spec.instance_profile = fleet_instance_profile(args, user_data)
+    instance_profile = spec.instance_profile = fleet_instance_profile(args)
     if not user_data:
         print("transientvod fleet: no --ssh-public-key, so no user data: the image itself must run sshd with the "
               "launcher's key and have torch, Horovod and transientvod.", flush=True)
@@ -480,12 +480,13 @@ def build_parser() -> argparse.ArgumentParser:
         if action == "up":
             verb.add_argument("--hosts", type=int, default=3, help="how many hosts (2..64)")
             verb.add_argument("--bandwidth", default="", help="each host's egress rate, for example 100mbit")
-        elif action in ("vanish", "kill", "restore", "boot"):
+        elif action in ("vanish", "kill", "restore"):
             verb.add_argument("host", help="a host of the testbed, for example tvd-h2")
-            if action == "boot":
-                verb.add_argument("--user-data", required=True, help="the script to run, as root, in the foreground")
         elif action == "exec":
             verb.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+        elif action == "boot":
+            verb.add_argument("host", help="a host of the testbed, for example tvd-h2")
+            verb.add_argument("--user-data", required=True, help="the script to run, as root, in the foreground")
     testbed.set_defaults(func=cmd_testbed)
     return parser
 
