@@ -12,13 +12,15 @@
     transientvod plan --budget DOLLARS | --deadline HOURS [--gpus k80,v100 --speed v100=14.2]
                                           the best clusters for a budget or deadline, and why
     transientvod fleet --job-tag JOB --instance-types T1,T2 --target N --image-id AMI --price T1=0.9 ...
-                                          keep N spot instances alive within a budget, then terminate them
+                       [--ssh-public-key ~/.ssh/id_ed25519.pub --horovod-wheel s3://... --print-user-data]
+                                          keep N spot instances alive within a budget, then terminate them;
+                                          their user data installs the project and takes the launcher's key
     transientvod aws setup --job-tag JOB --region R [--config FILE] [--fragment FILE]
                                           the SQS queue, EventBridge rules and worker role queue mode needs
     transientvod aws teardown --job-tag JOB --region R
                                           removes what setup made
     transientvod testbed up --hosts N [--bandwidth 100mbit] | down | status | vanish HOST | kill HOST
-                         | restore HOST | exec -- COMMAND
+                         | restore HOST | exec -- COMMAND | boot HOST --user-data FILE
                                           a real cluster on this machine (root): namespaced hosts with sshd
 
 With `spot.provider` set (trace, aws or gce), `train` starts the watcher itself and uses
@@ -30,6 +32,7 @@ Errors a user can cause end in one sentence on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import getpass
 import logging
 import os
 import shlex
@@ -149,12 +152,67 @@ def fleet_prices(instance_types: list[str], given: dict[str, float], region: str
     return prices
 
 
+def launcher_torch() -> str:
+    """torch at the launcher's version (without a local tag such as +cpu): the Horovod wheel
+    was built against the torch the launcher runs."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return f"torch=={version('torch').split('+')[0]}"
+    except PackageNotFoundError:
+        return "torch"
+
+
+def fleet_user_data(args) -> str:
+    """The join script for --ssh-public-key and its options; "" without a key."""
+    from transientvod.spot.user_data import JoinSpec, UserDataError, join_script, read_public_key
+
+    if not args.ssh_public_key:
+        if args.horovod_wheel or args.project_spec:
+            raise ConfigError("--horovod-wheel and --project-spec go into the user data, which needs the "
+                              "launcher's key; give --ssh-public-key too.")
+        return ""
+    try:
+        return join_script(JoinSpec(public_key=read_public_key(args.ssh_public_key), ssh_user=args.ssh_user,
+                                    venv=args.worker_venv, project=args.project_spec,
+                                    horovod_wheel=args.horovod_wheel, torch=args.torch_spec,
+                                    region=args.region or ""))
+    except UserDataError as e:
+        raise ConfigError(str(e)) from None
+
+
+def fleet_instance_profile(args) -> str:
+    """--instance-profile as given; by default the one `aws setup` made for the job tag, when it
+    exists: the workers need its credentials for S3 checkpoints and the Horovod wheel."""
+    from transientvod.spot.aws_setup import setup_instance_profile
+
+    if args.instance_profile == "none":
+        return ""
+    if args.instance_profile:
+        return args.instance_profile
+    found = setup_instance_profile(args.job_tag, args.region, args.endpoint_url)
+    if found:
+        return found
+    if args.horovod_wheel:
+        raise ConfigError(f"the workers read --horovod-wheel with an instance profile's credentials, and job "
+                          f"{args.job_tag} has none; run 'transientvod aws setup --job-tag {args.job_tag}' or "
+                          "give --instance-profile NAME.")
+    print(f"transientvod fleet: no instance profile transientvod-{args.job_tag}-worker (transientvod aws setup "
+          "makes it); the instances get no AWS credentials of their own.", flush=True)
+    return ""
+
+
 def cmd_fleet(args) -> int:
     import boto3
 
     from transientvod.spot.fleet import Fleet
     from transientvod.spot.fleet_spec import FleetSpec
 
+    user_data = fleet_user_data(args)
+    if args.print_user_data:
+        if not user_data:
+            raise ConfigError("--print-user-data prints the join script, which needs --ssh-public-key.")
+        sys.stdout.write(user_data)
+        return 0
     instance_types = [t for t in args.instance_types.split(",") if t]
     region = args.region or boto3.session.Session().region_name or ""
     try:
@@ -162,10 +220,19 @@ def cmd_fleet(args) -> int:
                          target=args.target, image_id=args.image_id,
                          hourly_price=fleet_prices(instance_types, parse_prices(args.price), region),
                          budget=args.budget, subnet_id=args.subnet_id, key_name=args.key_name,
-                         security_group_ids=args.security_group_id)
+                         security_group_ids=args.security_group_id, user_data=user_data)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    # After every check of what was typed: this is the first AWS call.
+    instance_profile = spec.instance_profile = fleet_instance_profile(args)
+    if not user_data:
+        print("transientvod fleet: no --ssh-public-key, so no user data: the image itself must run sshd with the "
+              "launcher's key and have torch, Horovod and transientvod.", flush=True)
     fleet = Fleet(spec, region=args.region, endpoint_url=args.endpoint_url, dry_run=args.dry_run)
+    joins = (f"{len(user_data.encode())} bytes of user data (the join script; --print-user-data shows it)"
+             if user_data else "no user data")
+    print(f"transientvod fleet: each instance gets {joins} and "
+          + (f"instance profile {instance_profile}." if instance_profile else "no instance profile."), flush=True)
     if args.dry_run:
         for action in fleet.reconcile():
             print(f"would {action.kind} {action.instance_type or ''} {action.instance_id or ''}: {action.reason}".strip())
@@ -254,6 +321,10 @@ def cmd_testbed(args) -> int:
     elif args.action == "exec":
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         return cluster.exec_on_head(args.name, command)
+    elif args.action == "boot":
+        from transientvod.testbed.boot import boot
+        sys.stdout.write(boot(args.name, args.host, Path(args.user_data)))
+        print(f"testbed {args.name}: {args.host} booted from {args.user_data}")
     else:  # vanish, kill, restore
         getattr(cluster, args.action)(args.name, args.host)
         done = {"vanish": "vanished", "kill": "killed", "restore": "restored"}[args.action]
@@ -359,6 +430,27 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_argument("--key-name")
     fleet.add_argument("--security-group-id", action="append", default=[])
     fleet.add_argument("--poll-seconds", type=float, default=30.0)
+    join = fleet.add_argument_group("joining the job (the instances' user data)")
+    join.add_argument("--ssh-public-key", metavar="PATH",
+                      help="the .pub of the key the launcher's ssh uses: each instance installs the project, "
+                           "then authorizes this key and starts sshd (without it: no user data)")
+    join.add_argument("--ssh-user", default=getpass.getuser(),
+                      help="the user horovodrun logs in as (default: yours, as ssh does without a User line)")
+    join.add_argument("--project-spec", default="",
+                      help="pip requirement of transientvod to install at boot, e.g. git+https://HOST/REPO.git@REF "
+                           "(default: none, the image has it)")
+    join.add_argument("--horovod-wheel", default="", metavar="s3://BUCKET/KEY.whl",
+                      help="the patched Horovod wheel launch/install_horovod.sh built (default: build it at boot, "
+                           "minutes, from the git --project-spec)")
+    join.add_argument("--torch-spec", default=launcher_torch(),
+                      help="pip requirement of torch (default: the launcher's version, which the wheel was built for)")
+    join.add_argument("--worker-venv", default=sys.prefix,
+                      help="where the workers' venv goes (default: the launcher's, %(default)s: horovodrun runs the "
+                           "launcher's python path on every host)")
+    join.add_argument("--instance-profile", default="",
+                      help="IAM instance profile of the instances, or 'none' (default: transientvod-JOB-worker "
+                           "when 'transientvod aws setup' made it)")
+    join.add_argument("--print-user-data", action="store_true", help="print the user data and exit; no AWS call")
     fleet.add_argument("--dry-run", action="store_true", help="print what it would do; change nothing")
     fleet.set_defaults(func=cmd_fleet)
     aws = sub.add_parser("aws", help="make or remove the queue, rules and role that queue mode needs")
@@ -380,7 +472,8 @@ def build_parser() -> argparse.ArgumentParser:
     helps = {"up": "make the head and N hosts", "down": "remove all the testbed made",
              "status": "hosts, addresses, link, sshd and shaping", "vanish": "the host disappears from the network",
              "kill": "the host's processes are killed", "restore": "a replacement server comes back",
-             "exec": "run a command on the head (after --)"}
+             "exec": "run a command on the head (after --)",
+             "boot": "the host's sshd stops and it runs user data as a new VM would (fleet --print-user-data)"}
     for action, text in helps.items():
         verb = actions.add_parser(action, help=text)
         verb.add_argument("--name", default="tvd", help="the testbed's name, the prefix of its hosts (default: tvd)")
@@ -393,6 +486,9 @@ def build_parser() -> argparse.ArgumentParser:
             verb.add_argument("host", help="a host of the testbed, for example tvd-h2")
         elif action == "exec":
             verb.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+        elif action == "boot":
+            verb.add_argument("host", help="a host of the testbed, for example tvd-h2")
+            verb.add_argument("--user-data", required=True, help="the script to run, as root, in the foreground")
     testbed.set_defaults(func=cmd_testbed)
     return parser
 

@@ -90,7 +90,7 @@ def horovodrun_command(config: Config, config_path: Path, discovery: str) -> lis
 def prepare(config: Config, discovery: str | None = None) -> tuple[list[str], Path]:
     """All checks, then the resolved config on disk; returns the horovodrun argv."""
     discovery = discovery or config.cluster.discovery_script
-    check_discovery_script(discovery)
+    check_ssh_reach(check_discovery_script(discovery))
     # Load the data once here: a missing directory or a broken file is reported now, not by
     # every worker at once. (Imported late: torch is slow to import and not needed above.)
     from transientvod.data import load_dataset
@@ -111,6 +111,16 @@ def prepare(config: Config, discovery: str | None = None) -> tuple[list[str], Pa
         raise LaunchError(f"cannot write to the run directory {config.run_dir} ({e.strerror}); "
                           "choose another run.output_dir.") from None
     return horovodrun_command(config, config_path, discovery), config_path
+
+
+def check_ssh_reach(host_lines: list[str]) -> None:
+    """Every remote host discovery lists takes the launcher's SSH login: horovodrun would stop
+    the whole job on one that does not."""
+    from transientvod.spot.ssh_reach import UnreachableHosts, check_reach
+    try:
+        check_reach([line.rsplit(":", 1)[0] for line in host_lines])
+    except UnreachableHosts as e:
+        raise LaunchError(str(e)) from None
 
 
 def check_prices(config: Config) -> None:

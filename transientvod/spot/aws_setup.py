@@ -379,6 +379,19 @@ def _or_none(call: Callable[[], dict]) -> dict | None:
         raise
 
 
+def setup_instance_profile(job_tag: str, region: str | None, endpoint_url: str | None = None,
+                           session=None) -> str | None:
+    """The name of the instance profile `aws setup` made for `job_tag`, if it exists (one
+    iam:GetInstanceProfile call); a refused call is one sentence naming that permission."""
+    name = SetupNames.for_job(job_tag).instance_profile
+    try:
+        iam = aws_client("iam", region, endpoint_url, session)
+        return name if _or_none(lambda: iam.get_instance_profile(InstanceProfileName=name)) else None
+    except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as e:
+        raise ProviderError(aws_error_sentence(e, "iam:GetInstanceProfile", region or "the default region",
+                                               "your")) from e
+
+
 def config_fragment(job_tag: str, region: str, queue_url: str, endpoint_url: str | None = None) -> str:
     """The `spot:` section queue mode needs, in the config schema (config/schema.py SpotConfig),
     as YAML a job's config can take as it is."""

@@ -25,6 +25,8 @@ IAM permissions the fleet's credentials need::
 
     ec2:DescribeImages, ec2:DescribeInstances, ec2:RunInstances, ec2:CreateTags,
     ec2:TerminateInstances   (and iam:CreateServiceLinkedRole once per account, for EC2 Spot)
+    iam:PassRole on the workers' role, with an instance profile (and iam:GetInstanceProfile for
+    the CLI to find the one `aws setup` made)
 """
 from __future__ import annotations
 
@@ -350,6 +352,8 @@ class Fleet:
             params["SecurityGroupIds"] = list(self.spec.security_group_ids)
         if self.spec.user_data:
             params["UserData"] = self.spec.user_data  # boto3 encodes it in base64
+        if self.spec.instance_profile:
+            params["IamInstanceProfile"] = {"Name": self.spec.instance_profile}
         return self._ec2.run_instances(**params)["Instances"][0]
 
     @staticmethod

@@ -18,6 +18,7 @@ class FleetSpec:
     key_name: str | None = None
     security_group_ids: list[str] = field(default_factory=list)
     user_data: str = ""
+    instance_profile: str = ""  # IAM instance profile name: the workers' own AWS credentials
     tag_key: str = "transientvod:job"
 
     def __post_init__(self):

@@ -1,0 +1,65 @@
+"""A host boots from user data: the fleet's join script, run on a testbed host as cloud-init runs
+it on a fresh VM (as root, once, in the foreground).
+
+The testbed's own sshd on that host is stopped first: whatever SSH the host offers afterwards is
+the script's doing, with the script's key. The hosts of a testbed share this machine's disk, so
+the script runs in a mount namespace of its own, where what a VM has to itself and the script
+writes to is private: /run and /var/log are empty tmpfs (sshd's pid file and privilege
+separation directory, no systemd, so the script starts sshd itself; the join log), and /root
+(the SSH user's home) is a tmpfs too, with each of the machine's own entries but .ssh
+bind-mounted back into it: the script's authorized_keys stay in the tmpfs, while the
+machine's Python (which lives under /root here) and shell start-up files are the real ones. (An
+overlay over /root would not do: other sessions of this machine keep changing its files, which
+overlayfs does not allow under a mounted overlay.) Those mounts live as long as the host's
+processes; `down` kills them with the host's namespace, and nothing is left on the disk.
+The rest of the file system (the venv, the
+repository, /etc/ssh's host keys and sshd_config) is the machine's, as a baked image's would be.
+"""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from transientvod.testbed import TestbedError, sshd
+from transientvod.testbed.record import require_record
+
+# Run inside the host's new mount namespace, in this order: the machine's /root is kept
+# reachable under the fresh /run before the tmpfs covers it.
+PRIVATE_MOUNTS = """
+mount -t tmpfs -o mode=755 tmpfs /run
+mount -t tmpfs -o mode=755 tmpfs /var/log
+mkdir /run/.machine-root && mount --bind /root /run/.machine-root
+mount -t tmpfs -o mode=700 tmpfs /root
+for entry in /run/.machine-root/* /run/.machine-root/.[!.]*; do
+  name=${entry##*/}
+  [ "$name" = .ssh ] || [ ! -e "$entry" ] && continue
+  if [ -d "$entry" ]; then mkdir "/root/$name"; else touch "/root/$name"; fi
+  mount --bind "$entry" "/root/$name"
+done
+"""
+BOOT_TIMEOUT_SECONDS = 600  # an install from the network takes minutes; a baked venv, a second
+
+
+def boot(name: str, host_name: str, script: Path, timeout: float = BOOT_TIMEOUT_SECONDS) -> str:
+    """Run `script` on the host as its user data; returns what it printed. The host's known
+    key on the head is forgotten (a new server has a new host key)."""
+    record = require_record(name)
+    host = record.layout.machine(host_name)
+    if not script.is_file():
+        raise TestbedError(f"the user data {script} does not exist; write it with 'transientvod fleet "
+                           "--print-user-data ... > FILE'.")
+    sshd.stop(record.directory, host)
+    argv = ["ip", "netns", "exec", host.name, "unshare", "--uts", "--mount", "--propagation", "private", "--",
+            "sh", "-ec", f'hostname "$0"\n{PRIVATE_MOUNTS}\nexec bash "$1"', host.name, str(script)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise TestbedError(f"the user data on {host.name} did not finish within {timeout:g} s.") from None
+    output = done.stdout + done.stderr
+    if done.returncode != 0:
+        last = (output.strip().splitlines() or ["no output"])[-1]
+        raise TestbedError(f"the user data on {host.name} exited with {done.returncode} ({last}).")
+    known_hosts = record.directory / "known_hosts"
+    if known_hosts.exists():
+        subprocess.run(["ssh-keygen", "-R", host.name, "-f", str(known_hosts)], capture_output=True, timeout=30)
+    return output
