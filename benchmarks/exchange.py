@@ -90,12 +90,15 @@ def report(results: dict, args) -> None:
     print(f"\nResNet-32, {args.hosts} hosts, batch 16/worker, {args.steps} steps per run, "
           f"{1000 * args.step_seconds:.0f} ms of sleep per step; steps/s, and communication ms/step "
           f"(step time shaped - unshaped)")
-    print(f"{'codec':<6}{'s':>3}" + "".join(f"{b:>10}" for b in bandwidths)
-          + "".join(f"{'comm ' + b:>14}" for b in shaped) + f"{'accuracy %':>12}")
+    rate_width = max(len(b) for b in bandwidths) + 2  # 25mbit/400ms is wider than a rate
+    comm_width = rate_width + 5
+    print(f"{'codec':<6}{'s':>3}" + "".join(f"{b:>{rate_width}}" for b in bandwidths)
+          + "".join(f"{'comm ' + b:>{comm_width}}" for b in shaped) + f"{'accuracy %':>12}")
     for codec, staleness in args.exchanges:
-        row = f"{codec:<6}{staleness:>3}" + "".join(f"{results[(b, codec, staleness)][0]:>10.2f}" for b in bandwidths)
+        row = f"{codec:<6}{staleness:>3}" + "".join(f"{results[(b, codec, staleness)][0]:>{rate_width}.2f}"
+                                                    for b in bandwidths)
         if UNSHAPED in bandwidths:
-            row += "".join(f"{communication_ms(results, b, codec, staleness):>14.1f}" for b in shaped)
+            row += "".join(f"{communication_ms(results, b, codec, staleness):>{comm_width}.1f}" for b in shaped)
         row += f"{100 * results[(bandwidths[0], codec, staleness)][1]:>12.2f}"
         print(row)
     if UNSHAPED not in bandwidths or args.exchanges != EXCHANGES:
