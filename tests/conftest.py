@@ -107,6 +107,16 @@ def run_probe(probe: str, world: int, *args: str) -> list[dict]:
     return rows
 
 
+def heavy_modules_imported(*modules: str) -> list[str]:
+    """The torch and horovod modules that importing `modules` pulls in, in a fresh interpreter
+    (the watcher, discovery and planner must start without them: seconds of import, a GPU)."""
+    code = (f"import json, sys, {', '.join(modules)}; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'horovod'))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
 def explain(done: subprocess.CompletedProcess) -> str:
     return f"exit {done.returncode}\n--- stdout ---\n{done.stdout[-4000:]}\n--- stderr ---\n{done.stderr[-6000:]}"
 

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import heavy_modules_imported
 from transientvod.planner.speed import SpeedModel, calibrate_k80, scaled
 from transientvod.planner.study_data import (CENSORED_AT_S, GPU_TYPES, Lifetimes, PlanError, load_lifetimes,
                                              ondemand_runs, ps_curve, trace_runs)
@@ -197,8 +196,4 @@ def test_plan_errors_are_value_errors_and_a_bad_speed_model_is_refused():
 
 
 def test_the_planner_imports_neither_torch_nor_horovod():
-    code = ("import sys, transientvod.planner.study_data, transientvod.planner.speed; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'horovod')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[1])
-    assert out.stdout.strip() == "[]"
+    assert heavy_modules_imported("transientvod.planner.study_data", "transientvod.planner.speed") == []

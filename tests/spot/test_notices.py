@@ -7,17 +7,15 @@ import hashlib
 import json
 import logging
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.parse
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
+from conftest import heavy_modules_imported
 from transientvod.spot import notice_aws
 from transientvod.spot.hosts import GONE, NOTICED, HostState, HostStatus, write_host_state
 from transientvod.spot.notice_aws import Imdsv2NoticeSource
@@ -25,7 +23,6 @@ from transientvod.spot.notice_gce import GceNoticeSource
 from transientvod.spot.notice_source import Notice, NoticeSource, NoticeSourceError
 from transientvod.spot.notices import HostStateNoticeSource, NoticeWatcher, notice_source
 
-REPO = Path(__file__).resolve().parents[2]
 TERMINATE_ISO = "2017-09-18T08:22:00Z"
 TERMINATE_UNIX = datetime(2017, 9, 18, 8, 22, tzinfo=timezone.utc).timestamp()
 
@@ -712,8 +709,4 @@ def test_notice_source_unknown_kind():
 
 
 def test_import_pulls_in_neither_torch_nor_horovod():
-    probe = ("import sys, transientvod.spot.notices; "
-             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'horovod')))")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
+    assert heavy_modules_imported("transientvod.spot.notices") == []

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO, TINY_JOB, TRANSIENTVOD
+from conftest import REPO, TINY_JOB, TRANSIENTVOD, heavy_modules_imported
 
 from transientvod.spot import ssh_reach
 
@@ -63,10 +63,4 @@ def test_train_stops_before_horovodrun_when_no_listed_host_answers(tmp_path):
 
 
 def test_the_join_modules_import_neither_torch_nor_horovod():
-    import sys
-
-    code = ("import sys, transientvod.spot.ssh_reach, transientvod.spot.user_data; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'horovod')))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
+    assert heavy_modules_imported("transientvod.spot.ssh_reach", "transientvod.spot.user_data") == []
