@@ -49,8 +49,9 @@ def revocation_moments(config: Config) -> dict[str, float]:
 
 
 class JobAccounting:
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, record=None):
         self.config = config
+        self.record = record  # the run's records, where rank 0's unsent metrics go
         self.bill: JobBill | None = None  # rank 0's meter, rebuilt from the ledger after each sync
         self.catalog = None  # rank 0's prices, kept across syncs (and its spot price cache with them)
         self.sender = None  # rank 0's MetricSender, started when this process first is rank 0
@@ -127,7 +128,7 @@ class JobAccounting:
             from transientvod.tracking.run import tracking_uri
             from transientvod.tracking.sender import UNSENT_FILE, MetricSender
             self.sender = MetricSender(tracking_uri(self.config), state.mlflow_run_id,
-                                       self.config.run_dir / UNSENT_FILE)
+                                       self.config.run_dir / UNSENT_FILE, record=self.record)
 
     def _send(self, state: TransientState, metrics: dict) -> None:
         if not self.config.tracking.enabled:

@@ -6,6 +6,7 @@ checkpoint is written. The job itself runs as Horovod's own elastic driver and w
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -70,7 +71,8 @@ def check_discovery_script(command: str) -> list[str]:
     return lines
 
 
-def horovodrun_command(config: Config, config_path: Path, discovery: str) -> list[str]:
+def horovodrun_command(config: Config, worker_config: str, discovery: str) -> list[str]:
+    """`worker_config`: the resolved config's path, or its URL on the launcher's channel."""
     c = config.cluster
     horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     if horovodrun is None:
@@ -84,13 +86,28 @@ def horovodrun_command(config: Config, config_path: Path, discovery: str) -> lis
         argv += ["--reset-limit", str(c.reset_limit)]
     if c.host_cooldown:
         argv += ["--blacklist-cooldown-range", str(c.host_cooldown), str(max(c.host_cooldown, HOST_COOLDOWN_MAX))]
-    return argv + [sys.executable, "-m", "transientvod.train", "--config", str(config_path)]
+    return argv + [sys.executable, "-m", "transientvod.train", "--config", worker_config]
 
 
-def prepare(config: Config, discovery: str | None = None) -> tuple[list[str], Path]:
-    """All checks, then the resolved config on disk; returns the horovodrun argv."""
+@dataclass
+class Prepared:
+    discovery: str
+    config_path: Path  # the resolved config, in the run directory
+    remote_hosts: list[str]  # the hosts discovery listed that are other machines
+
+
+def prepare(config: Config, discovery: str | None = None) -> Prepared:
+    """All checks, then the resolved config on disk."""
+    from transientvod.remote_hosts import RemoteHostsError, check_checkpoint_reach
+    from transientvod.spot.ssh_reach import remote_hosts
+
     discovery = discovery or config.cluster.discovery_script
-    check_ssh_reach(check_discovery_script(discovery))
+    remote = remote_hosts([line.rsplit(":", 1)[0] for line in check_discovery_script(discovery)])
+    check_ssh_reach(remote)
+    try:
+        check_checkpoint_reach(config, remote)
+    except RemoteHostsError as e:
+        raise LaunchError(str(e)) from None
     # Load the data once here: a missing directory or a broken file is reported now, not by
     # every worker at once. (Imported late: torch is slow to import and not needed above.)
     from transientvod.data import load_dataset
@@ -110,15 +127,15 @@ def prepare(config: Config, discovery: str | None = None) -> tuple[list[str], Pa
     except OSError as e:
         raise LaunchError(f"cannot write to the run directory {config.run_dir} ({e.strerror}); "
                           "choose another run.output_dir.") from None
-    return horovodrun_command(config, config_path, discovery), config_path
+    return Prepared(discovery, config_path, remote)
 
 
-def check_ssh_reach(host_lines: list[str]) -> None:
+def check_ssh_reach(hosts: list[str]) -> None:
     """Every remote host discovery lists takes the launcher's SSH login: horovodrun would stop
     the whole job on one that does not."""
     from transientvod.spot.ssh_reach import UnreachableHosts, check_reach
     try:
-        check_reach([line.rsplit(":", 1)[0] for line in host_lines])
+        check_reach(hosts)
     except UnreachableHosts as e:
         raise LaunchError(str(e)) from None
 
@@ -210,13 +227,16 @@ def run_job(config: Config, discovery: str | None = None) -> JobResult:
             raise LaunchError("give either spot.provider or a discovery script, not both.")
         discovery, stop_watcher = start_spot_watcher(config)
     try:
-        argv, _ = prepare(config, discovery)
+        prepared = prepare(config, discovery)
         summary_path = config.run_dir / "summary.json"
         summary_path.unlink(missing_ok=True)
-        print(f"transientvod: starting {' '.join(shlex.quote(a) for a in argv)}", flush=True)
-        started = time.monotonic()
-        returncode, capacity_timed_out = run_horovodrun(argv)
-        wall = time.monotonic() - started
+        with head_services(config, prepared.remote_hosts) as services:
+            worker_config = services.worker_config if services else str(prepared.config_path)
+            argv = horovodrun_command(config, worker_config, prepared.discovery)
+            print(f"transientvod: starting {' '.join(shlex.quote(a) for a in argv)}", flush=True)
+            started = time.monotonic()
+            returncode, capacity_timed_out = run_horovodrun(argv, services.worker_env if services else {})
+            wall = time.monotonic() - started
     finally:
         if stop_watcher is not None:
             stop_watcher.set()
@@ -249,18 +269,36 @@ def run_job(config: Config, discovery: str | None = None) -> JobResult:
     return JobResult(returncode, wall, summary, why)
 
 
+@contextlib.contextmanager
+def head_services(config: Config, remote: list[str]):
+    """For a job with remote hosts, the launcher's channel and store server (remote_hosts.py)
+    while the job runs; None for a job on this machine alone."""
+    if not remote:
+        yield None
+        return
+    from transientvod.job_channel import ChannelError
+    from transientvod.remote_hosts import HeadServices, RemoteHostsError
+    from transientvod.tracking.store import TrackingError
+    try:
+        services = HeadServices(config, remote)
+    except (ChannelError, RemoteHostsError, TrackingError) as e:
+        raise LaunchError(str(e)) from None
+    with services:
+        yield services
+
+
 # Horovod's driver says this when fewer than --min-np slots stayed available for --elastic-timeout
 # (its message begins "Timed out waiting for {activity}", placeholder and all).
 CAPACITY_TIMEOUT = "Please check that you have enough resources to run at least"
 
 
-def run_horovodrun(argv: list[str]) -> tuple[int, bool]:
+def run_horovodrun(argv: list[str], extra_env: dict[str, str] | None = None) -> tuple[int, bool]:
     """Run horovodrun, passing its stderr through line by line (its driver logs there);
     returns its exit code and whether it gave up waiting for capacity (so the launcher can
     say so in one sentence). Its stdout goes straight to ours. It starts with the allow-listed
     environment (worker_environment): what it has, every worker's ssh command line shows."""
     capacity_timed_out = False
-    env = worker_environment(os.environ)
+    env = {**worker_environment(os.environ), **(extra_env or {})}
     with subprocess.Popen(argv, stderr=subprocess.PIPE, bufsize=1, text=True, errors="replace", env=env) as proc:
         for line in proc.stderr:
             sys.stderr.write(line)

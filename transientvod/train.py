@@ -14,7 +14,8 @@ One loop with named phases: set up (data, model, optimizer, durable checkpoint),
 `hvd.elastic.run` trains until `train.steps`, committing every `commit_every` steps (the
 point survivors roll back to, and where hosts may join or leave) and writing a durable
 checkpoint every `checkpoint_every` steps. Rank 0 speaks for the job: it writes
-`metrics.jsonl`, `events.jsonl` and, at the end, `summary.json` in the run directory.
+`metrics.jsonl`, `events.jsonl` and, at the end, `summary.json` in the run directory (on the
+launcher's disk through its channel, job_channel.py, when the hosts share no disk with it).
 
 Nothing on the step path waits for one rank alone: every rank evaluates its slice of the
 test split (one allreduce of the counts); rank 0 only snapshots the state for a durable
@@ -31,7 +32,6 @@ import random
 import sys
 import time
 import zlib
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -44,11 +44,12 @@ from transientvod.accounting import JobAccounting
 from transientvod.billing.prices import PriceError
 from transientvod.checkpoint import CheckpointError, open_store
 from transientvod.checkpoint_writer import BackgroundCheckpointWriter
-from transientvod.config import Config, ConfigError, load_config, to_yaml
+from transientvod.config import Config, ConfigError, config_from_yaml, load_config, to_yaml
 from transientvod.data import DataError, Dataset, load_dataset
 from transientvod.elastic import (CommitPolicy, CommitVote, LearningRateRule, ShardSampler, StalenessRule,
                                   TransientState, bound_collective_waits, network_address)
 from transientvod.exchange import GradientExchange, SynchronousStep
+from transientvod.job_channel import TOKEN_ENV, ChannelError, ChannelRecord, LocalRecord, fetch_config, is_channel_url
 from transientvod.models import build_model
 from transientvod.tracking.store import TrackingError
 
@@ -117,19 +118,6 @@ def parameter_checksum(model: torch.nn.Module) -> str:
     return f"{crc:08x}"
 
 
-class RunRecord:
-    """Append-only JSON-lines files in the run directory (metrics by rank 0, events by all)."""
-
-    def __init__(self, run_dir: Path):
-        self.run_dir = run_dir
-        run_dir.mkdir(parents=True, exist_ok=True)
-
-    def append(self, name: str, row: dict) -> None:
-        # One write() per line in append mode: lines from several local ranks don't interleave.
-        with open(self.run_dir / name, "a") as f:
-            f.write(json.dumps(row) + "\n")
-
-
 def evaluation_slice(total: int, rank: int, size: int) -> slice:
     """This rank's part of a split of `total` samples: contiguous, disjoint from every other
     rank's, all of them together the whole split; sizes differ by at most one."""
@@ -188,7 +176,9 @@ def evaluate(model: torch.nn.Module, data: Dataset, device: torch.device) -> flo
     return totals[0].item() / totals[1].item()
 
 
-def train(config: Config) -> None:
+def train(config: Config, record=None) -> None:
+    """`record` takes the run's records (job_channel.ChannelRecord on hosts that share no disk
+    with the launcher); by default, files in the run directory."""
     # -- phase 1: set up ------------------------------------------------------------------
     bound_collective_waits()  # a vanished peer costs seconds, not Gloo's 30 s
     hvd.init()
@@ -222,9 +212,9 @@ def train(config: Config) -> None:
     store = open_store(config.checkpoint_dir, keep_last=config.checkpoint.keep_last)
     # Rank 0 snapshots the state at a durable step; a thread writes it while the ring trains on.
     checkpoint_writer = BackgroundCheckpointWriter(store)
-    record = RunRecord(config.run_dir)
+    record = record or LocalRecord(config.run_dir)
     config_yaml = to_yaml(config)
-    books = JobAccounting(config)
+    books = JobAccounting(config, record)
 
     resumed = False
     if hvd.rank() == 0:
@@ -341,9 +331,9 @@ def train(config: Config) -> None:
             "parameter_checksum": parameter_checksum(state.model),
         }
         books.finish(state, summary)
-        (config.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         record.append("metrics.jsonl", {"step": state.step, "test_accuracy": accuracy,
                                         "cost_usd": summary["cost"]["cost_usd"]})
+        record.write_summary(json.dumps(summary, indent=2) + "\n")
         log.info("finished %d steps; test accuracy %.4f; cost $%.4f (on-demand $%.4f)", state.step, accuracy,
                  summary["cost"]["cost_usd"], summary["cost"]["on_demand_usd"])
 
@@ -353,11 +343,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="a resolved config YAML written by the launcher")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    record = None
     try:
-        train(load_config(args.config))
-    except (CheckpointError, ConfigError, DataError, PriceError, TrackingError) as e:
+        if is_channel_url(args.config):
+            # A host that shares no disk with the launcher: the config and the records travel
+            # through the launcher's channel (job_channel.py).
+            config = config_from_yaml(fetch_config(args.config), args.config)
+            record = ChannelRecord(args.config.rsplit("/", 1)[0], os.environ.get(TOKEN_ENV, ""), config.run_dir)
+        else:
+            config = load_config(args.config)
+        train(config, record)
+    except (ChannelError, CheckpointError, ConfigError, DataError, PriceError, TrackingError) as e:
         log.error("%s", e)
         return 2
+    finally:
+        if record is not None:
+            record.close()
     return 0
 
 

@@ -1,0 +1,142 @@
+"""What a job whose hosts are other machines needs from the head: its checks, and its services.
+
+Separate VMs share no disk unless the user mounts one. So, for a job with remote hosts:
+
+- `check_checkpoint_reach`: a local `checkpoint.dir` must be on a mount every remote host
+  shares, or the durable checkpoints land on whichever host rank 0 was on and a restart on
+  new hosts finds none. The launcher writes a marker file there and asks each host over SSH
+  whether it sees it: a shared mount passes, a private disk is one sentence naming s3://.
+- `HeadServices`: the launcher's channel (job_channel.py) serves the resolved config and takes
+  the records; a local `sqlite:` tracking store is served through `mlflow server` on the head
+  (tracking/head_server.py), and workers get its URL instead of a path they cannot open.
+Both bind the head's cluster address: the one the hosts reach it by.
+"""
+from __future__ import annotations
+
+import copy
+import secrets
+import socket
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+
+from transientvod.config import Config, to_yaml
+from transientvod.job_channel import TOKEN_ENV, JobChannel
+from transientvod.spot.ssh_reach import CONNECT_TIMEOUT_SECONDS, MAX_PARALLEL, SSH_OPTIONS
+
+MARKER_PREFIX = ".transientvod-shared-check-"
+
+
+class RemoteHostsError(RuntimeError):
+    """A job with remote hosts cannot start as configured; one sentence."""
+
+
+def is_local_path(location: str) -> bool:
+    """A checkpoint location on a file system (a path or file://), not an object store."""
+    scheme = location.split("://", 1)[0].lower() if "://" in location else ""
+    return scheme in ("", "file")
+
+
+def local_path(location: str) -> Path:
+    return Path(location.removeprefix("file://")).absolute()
+
+
+def head_address(remote: list[str], interface: str = "") -> str:
+    """The head's address on the cluster network: that of `interface` if given, else the one
+    this machine's routing uses to reach the first remote host (no packet is sent)."""
+    if interface:
+        for address in psutil.net_if_addrs().get(interface, []):
+            if address.family == socket.AF_INET:
+                return address.address
+        raise RemoteHostsError(f"cluster.network_interface is {interface!r}, which has no IPv4 address on this "
+                               "machine; name the interface the hosts reach it by.")
+    try:
+        target = socket.gethostbyname(remote[0])
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((target, 9))  # a UDP connect only picks the route and the source address
+            return probe.getsockname()[0]
+    except OSError as e:
+        raise RemoteHostsError(f"the launcher finds no route to {remote[0]} ({e}); set cluster.network_interface "
+                               "to the interface the hosts reach this machine by.") from None
+
+
+def _sees(host: str, marker: Path) -> bool:
+    argv = ["ssh", *SSH_OPTIONS, "-o", f"ConnectTimeout={CONNECT_TIMEOUT_SECONDS}", host, f"test -f {marker}"]
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=CONNECT_TIMEOUT_SECONDS + 10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def hosts_without(directory: Path, remote: list[str]) -> list[str]:
+    """The remote hosts that do not see `directory` as this machine does (a marker file in it)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    marker = directory / f"{MARKER_PREFIX}{secrets.token_hex(8)}"
+    marker.write_text("written by the transientvod launcher to see which hosts share this directory\n")
+    try:
+        with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(remote))) as pool:
+            seen = list(pool.map(lambda host: _sees(host, marker), remote))
+    finally:
+        marker.unlink(missing_ok=True)
+    return [host for host, sees in zip(remote, seen) if not sees]
+
+
+def check_checkpoint_reach(config: Config, remote: list[str]) -> None:
+    """A local checkpoint.dir must be shared with every remote host; RemoteHostsError if not."""
+    location = config.checkpoint_dir
+    if not remote or not is_local_path(location):
+        return
+    try:
+        missing = hosts_without(local_path(location), remote)
+    except OSError as e:
+        raise RemoteHostsError(f"cannot write to checkpoint.dir {location} ({e.strerror}); choose another.") from None
+    if missing:
+        others = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise RemoteHostsError(
+            f"checkpoint.dir {location} is on this machine's disk, which host {missing[0]}{others} does not "
+            "share, so a restart on new hosts would find no checkpoint; set checkpoint.dir to an s3:// URI, or "
+            "to a path on a file system every host mounts.")
+
+
+class HeadServices:
+    """The channel, and the tracking store's server when the store is a local SQLite file;
+    a context manager that stops both."""
+
+    def __init__(self, config: Config, remote: list[str]):
+        self.address = head_address(remote, config.cluster.network_interface)
+        self.store_server = None
+        worker_config = copy.deepcopy(config)
+        if config.tracking.enabled and config.tracking.uri.startswith("sqlite:"):
+            from transientvod.tracking.head_server import StoreServer
+
+            self.store_server = StoreServer(config.tracking.uri, self.address,
+                                            log_path=config.run_dir / "mlflow-server.log")
+            worker_config.tracking.uri = self.store_server.url
+        try:
+            self.channel = JobChannel(config.run_dir, to_yaml(worker_config), self.address)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def worker_config(self) -> str:
+        return self.channel.config_url
+
+    @property
+    def worker_env(self) -> dict[str, str]:
+        return {TOKEN_ENV: self.channel.token}
+
+    def close(self) -> None:
+        if getattr(self, "channel", None) is not None:
+            self.channel.close()
+        if self.store_server is not None:
+            self.store_server.stop()
+
+    def __enter__(self) -> "HeadServices":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
