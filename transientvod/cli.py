@@ -19,8 +19,8 @@
                                           the SQS queue, EventBridge rules and worker role queue mode needs
     transientvod aws teardown --job-tag JOB --region R
                                           removes what setup made
-    transientvod testbed up --hosts N [--bandwidth 100mbit] | down | status | vanish HOST | kill HOST
-                         | restore HOST | exec -- COMMAND | boot HOST --user-data FILE
+    transientvod testbed up --hosts N [--bandwidth 100mbit] [--private-disk DIR] | down | status
+                         | vanish HOST | kill HOST | restore HOST | exec -- COMMAND | boot HOST --user-data FILE
                                           a real cluster on this machine (root): namespaced hosts with sshd
 
 With `spot.provider` set (trace, aws or gce), `train` starts the watcher itself and uses
@@ -304,10 +304,12 @@ def cmd_testbed(args) -> int:
     from transientvod.testbed import cluster
 
     if args.action == "up":
-        layout = cluster.up(args.name, args.hosts, args.bandwidth).layout
+        record = cluster.up(args.name, args.hosts, args.bandwidth, tuple(args.private_disk))
+        layout = record.layout
         print(f"testbed {layout.name}: head {layout.head.name} ({layout.head.address}), hosts "
               + ", ".join(f"{h.name} ({h.address})" for h in layout.hosts)
               + (f"; each host's egress shaped to {layout.bandwidth}" if layout.bandwidth else "; links unshaped")
+              + private_disk_words(record.private_disk)
               + f". Run commands on the head with: transientvod testbed exec --name {layout.name} -- COMMAND")
     elif args.action == "down":
         cluster.down(args.name)
@@ -318,6 +320,10 @@ def cmd_testbed(args) -> int:
         widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
         for row in [dict(zip(columns, columns))] + rows:
             print("  ".join(str(row[c]).ljust(widths[c]) for c in columns).rstrip())
+        from transientvod.testbed.record import require_record
+        private = require_record(args.name).private_disk
+        if private:
+            print(private_disk_words(private).lstrip("; "))
     elif args.action == "exec":
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         return cluster.exec_on_head(args.name, command)
@@ -330,6 +336,13 @@ def cmd_testbed(args) -> int:
         done = {"vanish": "vanished", "kill": "killed", "restore": "restored"}[args.action]
         print(f"testbed {args.name}: {args.host} {done}")
     return 0
+
+
+def private_disk_words(directories: list[str]) -> str:
+    if not directories:
+        return ""
+    return (f"; each host has its own {', '.join(directories)} (empty at start and after restore; "
+            "the head has this machine's)")
 
 
 def add_workload_arguments(parser) -> None:
@@ -482,6 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
             verb.add_argument("--bandwidth", default="",
                               help="each host's egress rate, for example 100mbit; RATE/QUEUE sets how long a packet "
                                    "may wait in tbf's queue before it is dropped (default 50ms), e.g. 25mbit/400ms")
+            verb.add_argument("--private-disk", action="append", default=[], metavar="DIR",
+                              help="each host gets an empty DIR of its own, seen by no other host nor the head, as "
+                                   "VMs that share no file system (repeatable; made if missing)")
         elif action in ("vanish", "kill", "restore"):
             verb.add_argument("host", help="a host of the testbed, for example tvd-h2")
         elif action == "exec":

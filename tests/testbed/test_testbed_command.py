@@ -2,17 +2,24 @@
 and nothing left behind. Needs root (CI runs as root); elsewhere skipped with the reason."""
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 import time
+from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 
-from testbed_support import head_run, leftovers, require_testbed, new_testbed_name
+from testbed_support import head_run, leftovers, mounted_on, require_testbed, new_testbed_name
+from testbed_support import testbed_factory  # noqa: F401 (a fixture)
 
 from transientvod.testbed import TestbedError, cluster
 from transientvod.testbed.layout import link_shape, plan
-from transientvod.testbed.record import load_record
+from transientvod.testbed.record import RECORD_FILE, load_record, new_record, state_dir
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = require_testbed()
 
@@ -38,6 +45,10 @@ def one_sentence(done: subprocess.CompletedProcess) -> str:
     (["down"], "is up; start one with"),
     (["status"], "is up; start one with"),
     (["vanish", "tvd-h1"], "is up; start one with"),
+    (["up", "--private-disk", "/"], "--private-disk / would hide this machine's whole disk from the hosts; give a"),
+    (["up", "--private-disk", __file__], f"--private-disk {__file__} is not a directory; give a directory"),
+    (["up", "--private-disk", "/run"], "--private-disk /run holds the testbed's state directory (/run/transientvod)"),
+    (["up", "--private-disk", str(REPO.parent)], f"holds the project checkout ({REPO}), which the hosts need; give a"),
 ])
 def test_bad_input_is_one_sentence(args, says):
     name = new_testbed_name()
@@ -104,6 +115,78 @@ def test_up_status_vanish_restore_kill_down(tmp_path):
         down = run_testbed_cli("down", "--name", name)
     assert down.returncode == 0, down.stderr
     assert leftovers(name) == []
+
+
+def test_each_host_has_its_own_private_disk_and_down_leaves_no_mount(tmp_path):
+    disk, shared = tmp_path / "disk", tmp_path / "shared"
+    shared.mkdir()
+    name = new_testbed_name()
+    done = run_testbed_cli("up", "--name", name, "--hosts", "2", "--private-disk", str(disk))
+    assert done.returncode == 0, done.stderr
+    try:
+        assert f"each host has its own {disk}" in done.stdout
+        h1, h2 = (h.name for h in load_record(name).layout.hosts)
+
+        def on(host: str, command: str) -> subprocess.CompletedProcess:
+            return head_run(name, ["ssh", host, command])
+
+        # The head writes on this machine's disk, which the hosts do not see under DIR.
+        assert head_run(name, ["sh", "-c", f"echo head > {disk}/head"]).returncode == 0
+        assert (disk / "head").read_text() == "head\n"
+        listed = on(h1, f"ls -A {disk}")
+        assert (listed.returncode, listed.stdout) == (0, ""), "a host sees the head's files under its private disk"
+
+        # A host's files under DIR stay on that host (across its SSH sessions); outside DIR all share.
+        wrote = on(h1, f"echo h1 > {disk}/h1 && echo h1 > {shared}/h1")
+        assert wrote.returncode == 0, wrote.stderr
+        assert on(h1, f"cat {disk}/h1").stdout == "h1\n"
+        assert on(h2, f"cat {disk}/h1").returncode != 0, "another host sees h1's private disk"
+        assert not (disk / "h1").exists(), "the head sees h1's private disk"
+        assert on(h2, f"cat {shared}/h1").stdout == "h1\n" and (shared / "h1").read_text() == "h1\n"
+        assert mounted_on(disk) and not any(line.split()[4] == str(disk) for line in
+                                             Path("/proc/self/mountinfo").read_text().splitlines())
+
+        status = run_testbed_cli("status", "--name", name)
+        assert status.returncode == 0 and f"each host has its own {disk}" in status.stdout, status.stderr
+
+        # A replacement VM has an empty disk.
+        run_testbed_cli("restore", "--name", name, h1).check_returncode()
+        listed = on(h1, f"ls -A {disk}")
+        assert (listed.returncode, listed.stdout) == (0, ""), "a restored host kept its old private disk"
+    finally:
+        down = run_testbed_cli("down", "--name", name)
+    assert down.returncode == 0, down.stderr
+    assert leftovers(name) == []
+    assert mounted_on(disk) == [], "a host's private disk outlived down"
+    findmnt = subprocess.run(["findmnt", "--noheadings", str(disk)], capture_output=True, text=True)
+    assert findmnt.stdout == ""
+    assert sorted(p.name for p in disk.iterdir()) == ["head"]
+
+
+def test_user_data_boots_a_host_with_an_empty_private_disk(testbed_factory, tmp_path):
+    # boot runs the script in a mount namespace of its own: a new VM, so its DIR is empty too.
+    from transientvod.testbed.boot import boot
+
+    disk = tmp_path / "disk"
+    record = testbed_factory(2, private_disk=(str(disk),))
+    assert record.private_disk == [str(disk)]
+    (disk / "head").write_text("head\n")
+    script = tmp_path / "user-data.sh"
+    script.write_text(f"ls -A {disk}; echo booted > {disk}/booted; cat {disk}/booted\n")
+    assert boot(record.name, record.layout.hosts[0].name, script) == "booted\n"
+    assert sorted(p.name for p in disk.iterdir()) == ["head"]
+
+
+def test_an_older_record_without_private_disks_still_loads():
+    name = new_testbed_name()
+    fields = asdict(new_record(plan(name, 2)))
+    del fields["private_disk"]
+    state_dir(name).mkdir(parents=True)
+    try:
+        (state_dir(name) / RECORD_FILE).write_text(json.dumps(fields))
+        assert load_record(name).private_disk == []
+    finally:
+        shutil.rmtree(state_dir(name))
 
 
 def test_shaped_link_limits_a_transfer():

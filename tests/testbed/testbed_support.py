@@ -61,15 +61,30 @@ def leftovers(name: str) -> list[str]:
     return found
 
 
+def mounted_on(path) -> list[str]:
+    """The processes whose mount table has something mounted on `path`: none once every host
+    that had it as a private disk is gone, whatever mount namespace it was in."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                mounts = (proc / "mountinfo").read_text().splitlines()
+            except OSError:
+                continue
+            if any(line.split()[4] == str(path) for line in mounts):
+                found.append(proc.name)
+    return found
+
+
 @pytest.fixture
 def testbed_factory():
     """Make testbeds in a test; each is taken down afterwards, and must leave nothing."""
     made = []
 
-    def make(hosts: int, bandwidth: str = ""):
+    def make(hosts: int, bandwidth: str = "", private_disk: tuple[str, ...] = ()):
         name = new_testbed_name()
         made.append(name)
-        return cluster.up(name, hosts, bandwidth)
+        return cluster.up(name, hosts, bandwidth, tuple(private_disk))
 
     yield make
     for name in made:

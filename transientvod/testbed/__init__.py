@@ -13,11 +13,12 @@ Each host is a network namespace with its own address on one switch, its own hos
 namespace), its own hosts file (Debian's: the hostname maps to 127.0.1.1, as on many real
 hosts), and its own sshd listening on its address only. A head namespace runs the launcher,
 discovery and the watcher, as a cluster's head node would; all share this machine's files,
-as an NFS home would. Nothing is made in the machine's own network namespace.
+as an NFS home would, except the directories given to `up --private-disk DIR`, which each host
+has as an empty disk of its own. Nothing is made in the machine's own network namespace.
 
 Modules: `layout` (names and addresses, no side effects), `record` (the state file: what was
 made, so `down` removes exactly that), `network` (namespaces, veths, switch, tc), `sshd`
-(keys, configs, daemons), `cluster` (the verbs).
+(keys, configs, daemons), `private_disk` (checking --private-disk), `cluster` (the verbs).
 """
 from __future__ import annotations
 

@@ -13,7 +13,10 @@ overlay over /root would not do: other sessions of this machine keep changing it
 overlayfs does not allow under a mounted overlay.) Those mounts live as long as the host's
 processes; `down` kills them with the host's namespace, and nothing is left on the disk.
 The rest of the file system (the venv, the
-repository, /etc/ssh's host keys and sshd_config) is the machine's, as a baked image's would be.
+repository, /etc/ssh's host keys and sshd_config) is the machine's, as a baked image's would be,
+except the testbed's private disks (`up --private-disk DIR`): each is an empty tmpfs here too, as
+it is under the testbed's own sshd, since a new VM's disk is empty. The script makes its own mount
+namespace rather than entering the stopped sshd's (nsenter): that one dies with the old sshd.
 """
 from __future__ import annotations
 
@@ -49,8 +52,10 @@ def boot(name: str, host_name: str, script: Path, timeout: float = BOOT_TIMEOUT_
         raise TestbedError(f"the user data {script} does not exist; write it with 'transientvod fleet "
                            "--print-user-data ... > FILE'.")
     sshd.stop(record.directory, host)
+    # The private disks after PRIVATE_MOUNTS: one under /root or /run then covers the tmpfs there.
     argv = ["ip", "netns", "exec", host.name, "unshare", "--uts", "--mount", "--propagation", "private", "--",
-            "sh", "-ec", f'hostname "$0"\n{PRIVATE_MOUNTS}\nexec bash "$1"', host.name, str(script)]
+            "sh", "-ec", f'hostname "$0"\n{PRIVATE_MOUNTS}\nscript=$1 && shift\n{sshd.PRIVATE_DISK_MOUNTS}\n'
+            'exec bash "$script"', host.name, str(script), *record.private_disk]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from transientvod.testbed import TestbedError, network, sshd
 from transientvod.testbed.layout import Layout, hosts_file, plan
+from transientvod.testbed.private_disk import prepare as prepare_private_disk
 from transientvod.testbed.record import RUN_ROOT, Record, load_record, new_record, require_record
 
 DEFAULT_NAME = "tvd"
@@ -43,7 +44,9 @@ def preflight() -> None:
         network.delete_namespace(probe)
 
 
-def up(name: str = DEFAULT_NAME, hosts: int = 3, bandwidth: str = "") -> Record:
+def up(name: str = DEFAULT_NAME, hosts: int = 3, bandwidth: str = "", private_disk: tuple[str, ...] = ()) -> Record:
+    """Make the head and the hosts; each host gets its own empty tmpfs over every private_disk
+    directory (the head keeps this machine's)."""
     layout = plan(name, hosts, bandwidth)
     existing = load_record(name)
     if existing is not None:
@@ -54,12 +57,13 @@ def up(name: str = DEFAULT_NAME, hosts: int = 3, bandwidth: str = "") -> Record:
     if taken:
         raise TestbedError(f"the network namespace {taken[0]} already exists and is not this testbed's; "
                            f"remove it (ip netns delete {taken[0]}) or choose another --name.")
-    record = new_record(layout)
+    private = prepare_private_disk(private_disk)
+    record = new_record(layout, private)
     record.save()  # before anything exists: down must find what a crash leaves behind
     try:
         record.made_privsep_dir = sshd.make_privsep_dir()
         record.save()
-        _build(layout, record.directory)
+        _build(layout, record.directory, private)
     except BaseException:
         down(name)
         raise
@@ -68,7 +72,7 @@ def up(name: str = DEFAULT_NAME, hosts: int = 3, bandwidth: str = "") -> Record:
     return record
 
 
-def _build(layout: Layout, directory: Path) -> None:
+def _build(layout: Layout, directory: Path, private_disk: list[str]) -> None:
     network.make_switch(layout)
     for machine in layout.machines:
         network.make_machine(layout, machine)
@@ -81,7 +85,7 @@ def _build(layout: Layout, directory: Path) -> None:
     sshd.make_keys(directory)
     sshd.write_client_config(directory, Path(f"/etc/netns/{layout.head.name}"))
     for host in layout.hosts:
-        sshd.start(directory, host)
+        sshd.start(directory, host, private_disk)
     for host in layout.hosts:
         if not sshd.ssh_probe(layout.head, host):
             raise TestbedError(f"the head cannot reach {host.name} over SSH; see {directory} for its sshd config.")
@@ -153,7 +157,7 @@ def restore(name: str, host_name: str) -> None:
     network.set_link(host.name, up=True)
     if record.bandwidth:
         network.shape(host.name, record.bandwidth)
-    sshd.start(record.directory, host)
+    sshd.start(record.directory, host, record.private_disk)  # a new VM: its private disk empty again
     _set_condition(record, host.name, "up")
 
 

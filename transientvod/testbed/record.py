@@ -34,6 +34,8 @@ class Record:
     host_condition: dict[str, str] = field(default_factory=dict)  # host -> up | vanished | killed
     host_changed_at: dict[str, float] = field(default_factory=dict)  # host -> unix time of its last change
     complete: bool = False  # up finished
+    # Directories each host has as its own empty tmpfs (up --private-disk); older records lack it.
+    private_disk: list[str] = field(default_factory=list)
 
     @property
     def directory(self) -> Path:
@@ -61,11 +63,11 @@ class Record:
         os.replace(temporary, path)
 
 
-def new_record(layout: Layout) -> Record:
+def new_record(layout: Layout, private_disk: list[str] | None = None) -> Record:
     namespaces = [layout.switch] + [m.name for m in layout.machines]
     return Record(name=layout.name, machines=[asdict(m) for m in layout.machines], bandwidth=layout.bandwidth,
                   namespaces=namespaces, netns_dirs=[f"/etc/netns/{m.name}" for m in layout.machines],
-                  host_condition={m.name: "up" for m in layout.hosts})
+                  host_condition={m.name: "up" for m in layout.hosts}, private_disk=list(private_disk or []))
 
 
 def load_record(name: str) -> Record | None:

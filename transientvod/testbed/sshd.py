@@ -88,14 +88,24 @@ def write_server_config(directory: Path, host: Machine) -> None:
         "LogLevel ERROR\n")
 
 
-def start(directory: Path, host: Machine) -> None:
-    """Start the host's sshd in its namespace, under its own hostname. sshd binds its
-    socket before it detaches, so the host accepts connections once this returns."""
+# A fresh tmpfs over each private disk, given as "$@", in the host's own mount namespace: a tmpfs
+# rather than a bind of some real directory, so a host's disk dies with its mount namespace and
+# leaves nothing on this machine (see private_disk).
+PRIVATE_DISK_MOUNTS = ('for dir in "$@"; do mkdir -p "$dir" && '
+                       'mount -t tmpfs -o mode=755 tvd-private-disk "$dir" || exit 1; done')
+
+
+def start(directory: Path, host: Machine, private_disk: list[str] | tuple[str, ...] = ()) -> None:
+    """Start the host's sshd in its namespace, under its own hostname, each private disk an
+    empty tmpfs of its own. sshd binds its socket before it detaches, so the host accepts
+    connections once this returns."""
     write_server_config(directory, host)
     pid_path(directory, host).unlink(missing_ok=True)
-    run(["ip", "netns", "exec", host.name, "unshare", "--uts", "--", "sh", "-c",
-         'hostname "$0" && exec "$1" -f "$2"', host.name, SSHD, str(config_path(directory, host))],
-        f"start sshd on {host.name}")
+    # Private propagation: the tmpfs never reaches this machine's mount table or another host's.
+    mount = ["--mount", "--propagation", "private"] if private_disk else []
+    script = f'hostname "$0" && sshd=$1 config=$2 && shift 2 && {PRIVATE_DISK_MOUNTS} && exec "$sshd" -f "$config"'
+    run(["ip", "netns", "exec", host.name, "unshare", "--uts", *mount, "--", "sh", "-c", script, host.name, SSHD,
+         str(config_path(directory, host)), *private_disk], f"start sshd on {host.name}")
 
 
 def running_pid(directory: Path, host: Machine) -> int | None:
