@@ -293,12 +293,12 @@ def test_down_leaves_sshds_privilege_directory_to_a_testbed_still_up():
         cluster.up(second, 2)
         try:
             cluster.down(first)
-            assert PRIVSEP_DIR.exists() and load_record(second).made_privsep_dir
+            assert PRIVSEP_DIR.exists() and cluster.PRIVSEP_MADE_BY_TESTBED.exists()
             host = load_record(second).layout.hosts[0].name
             assert head_run(second, ["ssh", host, "true"]).returncode == 0, "the testbed still up lost its SSH"
         finally:
             cluster.down(second)
-        assert not PRIVSEP_DIR.exists()
+        assert not PRIVSEP_DIR.exists() and not cluster.PRIVSEP_MADE_BY_TESTBED.exists()
     finally:
         if load_record(first) is not None:
             cluster.down(first)

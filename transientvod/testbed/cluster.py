@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -61,8 +63,7 @@ def up(name: str = DEFAULT_NAME, hosts: int = 3, bandwidth: str = "", private_di
     record = new_record(layout, private)
     record.save()  # before anything exists: down must find what a crash leaves behind
     try:
-        record.made_privsep_dir = sshd.make_privsep_dir()
-        record.save()
+        _claim_privsep_dir()
         _build(layout, record.directory, private)
     except BaseException:
         down(name)
@@ -99,23 +100,41 @@ def down(name: str = DEFAULT_NAME) -> None:
         network.delete_namespace(namespace)
     for directory in record.netns_dirs:
         shutil.rmtree(directory, ignore_errors=True)
-    shutil.rmtree(record.directory, ignore_errors=True)
-    if record.made_privsep_dir:
+    with _testbeds_locked():
+        shutil.rmtree(record.directory, ignore_errors=True)
         _release_privsep_dir()
 
 
+# sshd needs /run/sshd for every new connection. When a testbed makes it, this file says so; the
+# last testbed down removes both. Testbeds come up and down in several processes at once (tests,
+# benchmarks, a developer's own), so the check-then-act of both runs under one lock: handing the
+# directory from record to record raced, and left it behind with no testbed up.
+PRIVSEP_MADE_BY_TESTBED = RUN_ROOT / "made-run-sshd"
+
+
+@contextlib.contextmanager
+def _testbeds_locked():
+    RUN_ROOT.mkdir(parents=True, exist_ok=True)
+    with open(RUN_ROOT / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _claim_privsep_dir() -> None:
+    with _testbeds_locked():
+        if sshd.make_privsep_dir():
+            PRIVSEP_MADE_BY_TESTBED.touch()
+
+
 def _release_privsep_dir() -> None:
-    """Remove the /run/sshd we made, unless another testbed's sshd still needs it (for every
-    new connection): then that testbed's down removes it."""
-    others = [r for r in (load_record(d.name[len("testbed-"):]) for d in RUN_ROOT.glob("testbed-*")) if r]
-    if others:
-        others[0].made_privsep_dir = True
-        others[0].save()
+    """Remove /run/sshd if a testbed made it and none is left (called under the lock)."""
+    if not PRIVSEP_MADE_BY_TESTBED.exists() or any(RUN_ROOT.glob("testbed-*")):
         return
     try:
         sshd.PRIVSEP_DIR.rmdir()
     except OSError:
-        pass  # not empty, or already gone: someone else's now
+        pass  # not empty, or already gone
+    PRIVSEP_MADE_BY_TESTBED.unlink(missing_ok=True)
 
 
 def status(name: str = DEFAULT_NAME) -> list[dict]:

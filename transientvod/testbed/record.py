@@ -30,7 +30,7 @@ class Record:
     bandwidth: str
     namespaces: list[str]  # every namespace up may have made, switch included
     netns_dirs: list[str]  # /etc/netns/<namespace> directories (hosts files, the head's ssh config)
-    made_privsep_dir: bool = False  # /run/sshd, which sshd needs; removed only if we made it
+    made_privsep_dir: bool = False  # unused: records from before cluster.PRIVSEP_MADE_BY_TESTBED still load
     host_condition: dict[str, str] = field(default_factory=dict)  # host -> up | vanished | killed
     host_changed_at: dict[str, float] = field(default_factory=dict)  # host -> unix time of its last change
     complete: bool = False  # up finished
