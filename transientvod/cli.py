@@ -99,6 +99,7 @@ def cmd_doctor(args) -> int:
 
 def cmd_watch(args) -> int:
     from transientvod.spot.from_config import provider_from_config
+    from transientvod.spot.ssh_gate import gate_for
     from transientvod.spot.watch import watch
 
     config = load_config(args.config, args.set)
@@ -109,7 +110,7 @@ def cmd_watch(args) -> int:
           f"discovery: python launch/spot_hosts.py --state-file {config.host_state_file}", flush=True)
     try:
         watch(provider, config.host_state_file, poll_seconds=config.spot.poll_seconds,
-              revoke=revocation(config) if config.spot.provider == "trace" else None)
+              revoke=revocation(config) if config.spot.provider == "trace" else None, gate=gate_for(config.spot))
     except KeyboardInterrupt:
         pass
     return 0

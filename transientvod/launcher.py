@@ -164,12 +164,18 @@ def start_spot_watcher(config: Config) -> tuple[str, threading.Event]:
     from transientvod.spot.hosts import HostState, write_host_state
     from transientvod.spot.provider import ProviderError
     from transientvod.spot.watch import wait_for_workers, watch
+    from transientvod.spot.ssh_gate import gate_for
+    from transientvod.spot.ssh_reach import CONNECT_TIMEOUT_SECONDS
 
     state_file = config.host_state_file
+    gate = gate_for(config.spot)
     try:
         provider = provider_from_config(config.spot, start_time=time.time())
         now = time.time()
-        write_host_state(state_file, HostState(provider.name, now, provider.poll(now)))
+        first_hosts = provider.poll(now)
+        if gate is not None:
+            first_hosts = gate.settle(first_hosts, timeout=CONNECT_TIMEOUT_SECONDS + 10)
+        write_host_state(state_file, HostState(provider.name, now, first_hosts))
     except ProviderError as e:
         raise LaunchError(str(e)) from None
     stop = threading.Event()
@@ -179,7 +185,6 @@ def start_spot_watcher(config: Config) -> tuple[str, threading.Event]:
         nonlocal provider
         if replay:
             # The replay's clock starts when the job runs on every host, as the study's did.
-            first_hosts = provider.poll(time.time())
             initial = [h.name for h in first_hosts if h.state == "usable"]
             deadline = time.monotonic() + REPLAY_START_TIMEOUT
             while not wait_for_workers(state_file, initial, STATE_REFRESH_SECONDS, stop):
@@ -194,7 +199,9 @@ def start_spot_watcher(config: Config) -> tuple[str, threading.Event]:
                 write_host_state(state_file, HostState(provider.name, time.time(), first_hosts))
             provider = provider_from_config(config.spot, start_time=time.time())
         watch(provider, state_file, poll_seconds=config.spot.poll_seconds,
-              revoke=revocation(config) if replay else None, stop=stop)
+              revoke=revocation(config) if replay else None, stop=stop, gate=gate)
+        if gate is not None:
+            gate.close()
 
     threading.Thread(target=watch_job, name="spot-watcher", daemon=True).start()
     if config.spot.provider == "trace" and config.notices.source == "none":

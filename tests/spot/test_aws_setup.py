@@ -133,7 +133,9 @@ def test_after_setup_an_interruption_warning_reaches_the_queue_and_watch_drops_t
 
     state = tmp_path / "hosts.json"
     watcher = subprocess.Popen(TRANSIENTVOD + ["watch", "--config", str(fragment), "--set", f"spot.state_file={state}",
-                                               "--set", "spot.poll_seconds=0.2"],
+                                               "--set", "spot.poll_seconds=0.2",
+                                               # moto's instances run no sshd to log in to
+                                               "--set", "spot.wait_for_ssh=false"],
                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     both = {f"{warned['PrivateDnsName']}:4", f"{kept['PrivateDnsName']}:4"}
     try:

@@ -146,6 +146,9 @@ class SpotConfig:
     # aws and gce
     host_name: str = "private-dns"  # or private-ip; gce: private-dns is the instance's name (internal DNS)
     slots: int = 0  # 0: GPUs per instance (aws: its type's; gce: its guestAccelerators)
+    # A running instance joins discovery only once the launcher can log in to it over SSH
+    # (spot/ssh_gate.py): a fleet's instance takes the key only when its install has finished.
+    wait_for_ssh: bool = True
     endpoint_url: str = ""  # the API's base URL ("" = the cloud's own; gce: https://compute.googleapis.com)
     # gce (Compute Engine REST API, Application Default Credentials)
     job_label: str = ""  # the job's name (label transientvod-job=<name>) or key=value

@@ -20,7 +20,8 @@ FORMAT = 1
 USABLE = "usable"  # running, no notice: give it work
 NOTICED = "noticed"  # an interruption notice arrived: take it out of discovery now
 GONE = "gone"  # revoked or terminated
-STATES = (USABLE, NOTICED, GONE)
+JOINING = "joining"  # running, but it does not take the launcher's SSH login yet (spot/ssh_gate.py)
+STATES = (USABLE, NOTICED, GONE, JOINING)
 
 
 class HostStateError(ValueError):

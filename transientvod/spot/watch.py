@@ -59,10 +59,11 @@ def wait_for_workers(state_file, hosts: list[str], timeout: float, stop: threadi
 
 def watch(provider: SpotProvider, state_file, poll_seconds: float = WATCH_POLL_SECONDS,
           revoke: Callable[[str], str] | None = None, stop: threading.Event | None = None,
-          clock=time.time) -> None:
+          clock=time.time, gate=None) -> None:
     """Poll until `stop` is set. A provider error is logged and the last state is kept (it
     goes stale, which spot_hosts.py reports); the loop never dies of one bad answer.
-    `revoke(host)`, if given, plays the cloud's part when a host is gone; it returns what it did."""
+    `revoke(host)`, if given, plays the cloud's part when a host is gone; it returns what it did.
+    `gate` (ssh_gate.SshGate), if given, holds hosts out of discovery until they take SSH."""
     stop = stop or threading.Event()
     previous: dict[str, str] = {}
     failing = False
@@ -79,6 +80,8 @@ def watch(provider: SpotProvider, state_file, poll_seconds: float = WATCH_POLL_S
         if failing:
             log.info("the %s provider answers again", provider.name)
             failing = False
+        if gate is not None:
+            hosts = gate.admit(hosts)
         write_host_state(state_file, HostState(provider=provider.name, written_at=now, hosts=hosts))
         for host in hosts:
             before = previous.get(host.name)
