@@ -106,3 +106,21 @@ def test_an_address_not_on_this_machine_is_one_sentence(tmp_path):
     with pytest.raises(ChannelError) as failed:
         JobChannel(tmp_path, CONFIG, "192.0.2.1")  # TEST-NET-1: on no interface here
     assert "cluster.network_interface" in str(failed.value)
+
+
+def test_a_worker_on_a_host_that_does_not_share_the_local_checkpoint_dir_says_so(tmp_path):
+    # The launcher leaves its marker in a local checkpoint.dir while a job with remote hosts
+    # runs; a worker on a host that joined later, with its own disk there, does not see it.
+    from transientvod.config import load_config
+    from transientvod.remote_hosts import LAUNCHER_MARKER, RemoteHostsError, check_marker_seen
+
+    config = load_config(None, [f"run.output_dir={tmp_path / 'runs'}"])
+    with pytest.raises(RemoteHostsError) as unseen:
+        check_marker_seen(config, "tvd-h3")
+    message = str(unseen.value)
+    assert "(tvd-h3) does not share" in message and "s3://" in message and "\n" not in message
+    marker = tmp_path / "runs" / config.run.name / "checkpoints" / LAUNCHER_MARKER
+    marker.parent.mkdir(parents=True)
+    marker.write_text("")
+    check_marker_seen(config, "tvd-h3")  # a shared mount: the marker is there
+    check_marker_seen(load_config(None, ["checkpoint.dir=s3://bucket/job"]), "tvd-h3")  # S3: nothing to share

@@ -94,6 +94,7 @@ class Prepared:
     discovery: str
     config_path: Path  # the resolved config, in the run directory
     remote_hosts: list[str]  # the hosts discovery listed that are other machines
+    remote_job: bool  # hosts are other machines: those listed, or a cloud's, listed or not yet
 
 
 def prepare(config: Config, discovery: str | None = None) -> Prepared:
@@ -127,7 +128,8 @@ def prepare(config: Config, discovery: str | None = None) -> Prepared:
     except OSError as e:
         raise LaunchError(f"cannot write to the run directory {config.run_dir} ({e.strerror}); "
                           "choose another run.output_dir.") from None
-    return Prepared(discovery, config_path, remote)
+    from transientvod.spot.ssh_gate import CLOUD_PROVIDERS
+    return Prepared(discovery, config_path, remote, bool(remote) or config.spot.provider in CLOUD_PROVIDERS)
 
 
 def check_ssh_reach(hosts: list[str]) -> None:
@@ -237,7 +239,7 @@ def run_job(config: Config, discovery: str | None = None) -> JobResult:
         prepared = prepare(config, discovery)
         summary_path = config.run_dir / "summary.json"
         summary_path.unlink(missing_ok=True)
-        with head_services(config, prepared.remote_hosts) as services:
+        with head_services(config, prepared) as services:
             worker_config = services.worker_config if services else str(prepared.config_path)
             argv = horovodrun_command(config, worker_config, prepared.discovery)
             print(f"transientvod: starting {' '.join(shlex.quote(a) for a in argv)}", flush=True)
@@ -277,17 +279,17 @@ def run_job(config: Config, discovery: str | None = None) -> JobResult:
 
 
 @contextlib.contextmanager
-def head_services(config: Config, remote: list[str]):
+def head_services(config: Config, prepared: Prepared):
     """For a job with remote hosts, the launcher's channel and store server (remote_hosts.py)
     while the job runs; None for a job on this machine alone."""
-    if not remote:
+    if not prepared.remote_job:
         yield None
         return
     from transientvod.job_channel import ChannelError
     from transientvod.remote_hosts import HeadServices, RemoteHostsError
     from transientvod.tracking.store import TrackingError
     try:
-        services = HeadServices(config, remote)
+        services = HeadServices(config, prepared.remote_hosts)
     except (ChannelError, RemoteHostsError, TrackingError) as e:
         raise LaunchError(str(e)) from None
     with services:

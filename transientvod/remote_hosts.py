@@ -53,13 +53,14 @@ def head_address(remote: list[str], interface: str = "") -> str:
         raise RemoteHostsError(f"cluster.network_interface is {interface!r}, which has no IPv4 address on this "
                                "machine; name the interface the hosts reach it by.")
     try:
-        target = socket.gethostbyname(remote[0])
+        # No host listed yet (a cloud's instances still joining): the default route's address.
+        target = socket.gethostbyname(remote[0]) if remote else "10.255.255.255"
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect((target, 9))  # a UDP connect only picks the route and the source address
             return probe.getsockname()[0]
     except OSError as e:
-        raise RemoteHostsError(f"the launcher finds no route to {remote[0]} ({e}); set cluster.network_interface "
-                               "to the interface the hosts reach this machine by.") from None
+        raise RemoteHostsError(f"the launcher finds no route to {remote[0] if remote else 'the hosts'} ({e}); set "
+                               "cluster.network_interface to the interface the hosts reach this machine by.") from None
 
 
 def _sees(host: str, marker: Path) -> bool:
@@ -100,6 +101,22 @@ def check_checkpoint_reach(config: Config, remote: list[str]) -> None:
             "to a path on a file system every host mounts.")
 
 
+# Left in a local checkpoint.dir while a job with remote hosts runs: a worker that does not see
+# it is on a host that does not share the directory (one that joined after the launch check).
+LAUNCHER_MARKER = ".transientvod-launcher"
+
+
+def check_marker_seen(config: Config, host: str) -> None:
+    """A worker's check, on a host reached through the channel; RemoteHostsError if this host
+    does not share the job's local checkpoint.dir with the launcher."""
+    location = config.checkpoint_dir
+    if is_local_path(location) and not (local_path(location) / LAUNCHER_MARKER).exists():
+        raise RemoteHostsError(
+            f"checkpoint.dir {location} is on the launcher's disk, which this host ({host}) does not share, so its "
+            "checkpoints would be lost with it; set checkpoint.dir to an s3:// URI, or to a path on a file system "
+            "every host mounts.")
+
+
 class HeadServices:
     """The channel, and the tracking store's server when the store is a local SQLite file;
     a context manager that stops both."""
@@ -107,6 +124,11 @@ class HeadServices:
     def __init__(self, config: Config, remote: list[str]):
         self.address = head_address(remote, config.cluster.network_interface)
         self.store_server = None
+        self.marker = None
+        if is_local_path(config.checkpoint_dir):
+            self.marker = local_path(config.checkpoint_dir) / LAUNCHER_MARKER
+            self.marker.parent.mkdir(parents=True, exist_ok=True)
+            self.marker.write_text("a job with remote hosts runs; its workers check that they see this file\n")
         worker_config = copy.deepcopy(config)
         if config.tracking.enabled and config.tracking.uri.startswith("sqlite:"):
             from transientvod.tracking.head_server import StoreServer
@@ -133,6 +155,8 @@ class HeadServices:
             self.channel.close()
         if self.store_server is not None:
             self.store_server.stop()
+        if self.marker is not None:
+            self.marker.unlink(missing_ok=True)
 
     def __enter__(self) -> "HeadServices":
         return self

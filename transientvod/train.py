@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import random
+import socket
 import sys
 import time
 import zlib
@@ -51,6 +52,7 @@ from transientvod.elastic import (CommitPolicy, CommitVote, LearningRateRule, Sh
 from transientvod.exchange import GradientExchange, SynchronousStep
 from transientvod.job_channel import TOKEN_ENV, ChannelError, ChannelRecord, LocalRecord, fetch_config, is_channel_url
 from transientvod.models import build_model
+from transientvod.remote_hosts import RemoteHostsError, check_marker_seen
 from transientvod.tracking.store import TrackingError
 
 log = logging.getLogger("transientvod.train")
@@ -349,11 +351,12 @@ def main(argv: list[str] | None = None) -> int:
             # A host that shares no disk with the launcher: the config and the records travel
             # through the launcher's channel (job_channel.py).
             config = config_from_yaml(fetch_config(args.config), args.config)
+            check_marker_seen(config, os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname())
             record = ChannelRecord(args.config.rsplit("/", 1)[0], os.environ.get(TOKEN_ENV, ""), config.run_dir)
         else:
             config = load_config(args.config)
         train(config, record)
-    except (ChannelError, CheckpointError, ConfigError, DataError, PriceError, TrackingError) as e:
+    except (ChannelError, CheckpointError, ConfigError, DataError, PriceError, RemoteHostsError, TrackingError) as e:
         log.error("%s", e)
         return 2
     finally:
