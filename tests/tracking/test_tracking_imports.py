@@ -1,6 +1,6 @@
 """tracking/ sits below the training side (train, elastic, exchange, accounting, launcher,
 cli import it, never the other way) and imports no torch or horovod; its own modules import
-one way (names, store <- sender, figure <- run; names, store <- compare)."""
+one way (names, store <- sender, figure <- run; names, store <- compare; store <- head_server)."""
 from __future__ import annotations
 
 import subprocess
@@ -20,6 +20,7 @@ ALLOWED = {
     "figure": {NAMES},
     "run": {"transientvod.config", NAMES, STORE, "transientvod.tracking.sender", "transientvod.tracking.figure"},
     "compare": {"transientvod.config", NAMES, STORE},
+    "head_server": {STORE},
 }
 
 

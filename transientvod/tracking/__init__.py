@@ -7,6 +7,8 @@ side (train, elastic, exchange, accounting, launcher, cli): they import this.
                 TrackingError
     run.py      a job's run: open (launcher) and close, params, tags, final metrics
     sender.py   MetricSender (rank 0's background thread) and resend_unsent
+    head_server.py  StoreServer: `mlflow server` on the head for the job's SQLite store, so that
+                workers on hosts with no shared disk can log to it by URL
     figure.py   the cost-versus-accuracy PNG of one run, logged to the run
     names.py    every param, tag, metric and artifact name, for writers and readers
     compare.py  `transientvod compare`: the study's table, CSV and scatter from the store
