@@ -134,7 +134,7 @@ class HeadServices:
             from transientvod.tracking.head_server import StoreServer
 
             self.store_server = StoreServer(config.tracking.uri, self.address,
-                                            log_path=config.run_dir / "mlflow-server.log")
+                                            log_path=config.run_dir / "mlflow-server.log").start()
             worker_config.tracking.uri = self.store_server.url
         try:
             self.channel = JobChannel(config.run_dir, to_yaml(worker_config), self.address)

@@ -85,8 +85,8 @@ def on_host(record, host, command: str) -> subprocess.CompletedProcess:
 
 def test_a_job_on_private_disks_reports_to_the_head_and_resumes_from_s3_on_other_hosts(testbed_factory, tmp_path):
     runs = tmp_path / "runs"
-    record = testbed_factory(3, private_disk=(runs,))
-    h1, h2, h3 = record.layout.hosts
+    record = testbed_factory(4, private_disk=(runs,))
+    h1, h2, h3, h4 = record.layout.hosts
     moto, endpoint = start_s3_on_head(record, tmp_path / "moto.log")
     try:
         env = aws_environment(tmp_path, endpoint)
@@ -115,19 +115,22 @@ def test_a_job_on_private_disks_reports_to_the_head_and_resumes_from_s3_on_other
         run_id = summary["mlflow"]["run_id"]
         with sqlite3.connect(runs / "mlflow.db") as db:
             status = db.execute("SELECT status FROM runs WHERE run_uuid = ?", (run_id,)).fetchone()[0]
-            accuracy_steps = [row[0] for row in db.execute(
-                "SELECT step FROM metrics WHERE run_uuid = ? AND key = 'test_accuracy' ORDER BY step", (run_id,))]
+            def steps(key):
+                return [row[0] for row in db.execute(
+                    "SELECT step FROM metrics WHERE run_uuid = ? AND key = ? ORDER BY step", (run_id, key))]
+            loss_steps, accuracy_steps = steps("train_loss"), steps("test_accuracy")
         assert status == "FINISHED"
-        assert 200 in accuracy_steps and len(accuracy_steps) >= 2, accuracy_steps  # rank 0's, then the final one
+        assert loss_steps == list(range(10, 201, 10)), loss_steps  # rank 0's, every log_every steps
+        assert accuracy_steps == [200], accuracy_steps
 
-        # New servers: another host, and a fresh run directory on the head too. Only the
+        # New servers: two other hosts, and a fresh run directory on the head too. Only the
         # bucket is common to both.
         second = job(tmp_path, record, "job2", runs, train={"steps": 300}, **sections)
-        second.start(hosts_discovery(h3), env=env)
+        second.start(hosts_discovery(h3, h4), env=env)
         assert second.wait(timeout=300) == 0, second.log()
         assert "resumed from the durable checkpoint s3://ckpt/job/step-000000200" in second.log_path.read_text()
         assert second.summary()["steps"] == 300
-        assert {e["host"] for e in second.synced()} == {h3.name}
+        assert {e["host"] for e in second.synced()} == {h3.name, h4.name}
     finally:
         os.killpg(moto.pid, 9)
         moto.wait(timeout=30)

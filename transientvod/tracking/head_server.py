@@ -15,6 +15,7 @@ worker (one process group) and waits for them.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import logging
 import os
@@ -164,7 +165,8 @@ class StoreServer:
             # A file, not a pipe: nobody reads the output while it runs. Its own session, so
             # that one signal to the group reaches the uvicorn process the CLI starts.
             return subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    cwd=self.database.parent, env=environment, start_new_session=True)
+                                    cwd=self.database.parent, env=environment, start_new_session=True,
+                                    preexec_fn=_terminate_with_parent)
 
     def _wait_until_ready(self) -> None:
         deadline = time.monotonic() + self.start_seconds
@@ -229,6 +231,20 @@ def _last_error(text: str) -> str:
     errors = [line for line in lines if ERROR_LINE.search(line)]
     line = (errors or lines or ["the server wrote nothing"])[-1]
     return LOG_TIMESTAMP.sub("", line)[:200].rstrip(".")
+
+
+PR_SET_PDEATHSIG = 1
+try:  # looked up here, in the launcher: the forked child must not load anything before exec
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):
+    _prctl = None  # not Linux: stop() is then the only way the server ends
+
+
+def _terminate_with_parent() -> None:
+    """In the server's process, before exec: SIGTERM it when the launcher dies, even by SIGKILL
+    (Linux's parent-death signal), so that it ends its uvicorn and no server outlives its job."""
+    if _prctl is not None:
+        _prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
 
 def _end_group(process: subprocess.Popen) -> None:
