@@ -1,6 +1,6 @@
 """The watcher's SSH gate (spot/ssh_gate.py): running hosts join discovery only once the
 launcher can log in. Here with a probe function of the test's own, for the gate's rules; on
-real hosts with real ssh in tests/testbed/test_ssh_gate.py."""
+real hosts with real ssh in tests/testbed/test_ssh_gate_real_hosts.py."""
 from __future__ import annotations
 
 import threading
