@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import zlib
 
 import torch
@@ -89,6 +90,24 @@ def stale_sum(codec: str, staleness: int, size: int, steps: int = 6, stale_from_
     drained = exchange.drain()
     return {"codec": codec, "staleness": staleness, "size": size, "applied": applied, "params": params,
             "drained": drained, "final": param.detach().tolist()[:4], "stale_from_step": stale_from_step}
+
+
+def backward_polls(codec: str) -> dict:
+    """Step 0's first phase is started by step(0); then only backward passes run, no step():
+    the parameters' gradient hooks must move it on to its next phase once the first is done."""
+    param, exchange = one_param_exchange(SIZE, codec, staleness=2, name=f"backward_polls.{codec}")
+    exchange.zero_grad()
+    param.grad.fill_(1.0)
+    exchange.step(0)
+    transfer = exchange.queue[0].transfers[0]
+    backwards, deadline = 0, time.monotonic() + 20
+    while transfer.phases_done == 0 and time.monotonic() < deadline:
+        (param * 1.0).sum().backward()  # accumulates into the bucket, as the next step's backward would
+        backwards += 1
+        time.sleep(0.005)
+    phases = transfer.phases_done
+    exchange.drain()
+    return {"codec": codec, "phases_done": phases, "backwards": backwards}
 
 
 def owner_residual(steps: int = 200) -> list[dict]:
@@ -267,6 +286,7 @@ CHECKS = {
     "stale": lambda: [stale_sum(c, s, size) for c in CODECS for s in (0, 1, 2) for size in (4, 2 * BLOCK)],
     "stale_from": lambda: [stale_sum(c, 2, 2 * BLOCK, steps=8, stale_from_step=3) for c in CODECS],
     "owner_residual": owner_residual,
+    "backward_polls": lambda: [backward_polls(c) for c in COMPRESSED],
     "nan": lambda: [nan_skip(c) for c in CODECS],
     "buckets": lambda: [several_buckets(c) for c in CODECS],
     "switch": lambda: [compress_switch()],

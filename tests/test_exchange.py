@@ -20,7 +20,8 @@ CODECS = ("none", "fp16", "bf16", "int8")
 BOUNDS = {"none": 1e-6, "fp16": 2.0 ** -10, "bf16": 2.0 ** -8, "int8": 2.0 / 127}
 PAYLOAD_BYTES = {"fp16": 2, "bf16": 2, "int8": 1}
 CHECKS_BY_WORLD = {
-    2: ("bitident", "average", "stale", "stale_from", "nan", "buckets", "switch", "drain", "lost_peer", "bytes"),
+    2: ("bitident", "average", "stale", "stale_from", "nan", "buckets", "switch", "drain", "lost_peer", "bytes",
+        "backward_polls"),
     3: ("bitident_one_tensor", "average", "bytes"),
     4: ("owner_residual", "bytes"),
 }
@@ -142,6 +143,16 @@ def test_steps_before_stale_from_step_are_synchronous_then_each_is_applied_s_ste
         assert row["params"] == pytest.approx(expected, rel=1e-5), row
         assert row["drained"] == 2
         assert row["final"] == pytest.approx([-36.0] * 4, rel=1e-5), row  # every gradient exactly once
+
+
+@pytest.mark.slow
+def test_backward_moves_a_step_in_flight_on_to_its_next_phase():
+    """Between two step() calls only backward runs: its gradient hooks must start the owner's
+    phase once the shards have arrived, not leave it for the next step()."""
+    found = rows(2, "backward_polls")
+    assert {row["codec"] for row in found} == {"fp16", "bf16", "int8"}
+    for row in found:
+        assert row["phases_done"] >= 1, row
 
 
 @pytest.mark.slow
