@@ -31,7 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from testbed import RESNET32, job_config, job_directory, job_env, run_to_end, steps_per_second, testbed  # noqa: E402
+from testbed import (RESNET32, cpu_ms_per_step, job_config, job_directory, job_env, run_to_end,  # noqa: E402
+                     steps_per_second, testbed)
 from transientvod.testbed import cluster  # noqa: E402
 from transientvod.testbed.rehearsal import Rehearsal  # noqa: E402
 
@@ -51,8 +52,8 @@ UNSHAPED_COST = 0.10
 
 
 def run_exchange(record, out: str, bandwidth: str, codec: str, staleness: int, steps: int,
-                 step_seconds: float) -> tuple[float, float]:
-    """One job: (steps/s, final test accuracy)."""
+                 step_seconds: float) -> tuple[float, float, float]:
+    """One job: (steps/s, final test accuracy, rank 0's CPU ms per step)."""
     exchange = {"codec": codec, "staleness": staleness, "compress_after": 0.0}
     link = bandwidth.replace("/", "-q")  # 25mbit/400ms: a rate and tbf's queue
     with job_directory(out, f"exchange-{link}-{codec}-s{staleness}") as directory:
@@ -61,20 +62,21 @@ def run_exchange(record, out: str, bandwidth: str, codec: str, staleness: int, s
                             cluster={"min_np": len(record.layout.hosts), "max_np": len(record.layout.hosts)})
         job = Rehearsal(record, directory, "exchange", config)
         run_to_end(job, job.cloud_hosts(), job_env(step_seconds), timeout=max(1800, steps * 3))
-        return steps_per_second(job, MEASURED_FROM_STEP), job.summary()["test_accuracy"]
+        return (steps_per_second(job, MEASURED_FROM_STEP), job.summary()["test_accuracy"],
+                cpu_ms_per_step(job, MEASURED_FROM_STEP))
 
 
 def measure(args) -> dict:
-    """(bandwidth, codec, staleness) -> (steps/s, accuracy); one testbed per bandwidth."""
+    """(bandwidth, codec, staleness) -> (steps/s, accuracy, CPU ms/step); one testbed per bandwidth."""
     results = {}
     for bandwidth in args.bandwidths.split(","):
         with testbed("tvdxchg", args.hosts, "" if bandwidth == UNSHAPED else bandwidth) as record:
             for codec, staleness in args.exchanges:
-                rate, accuracy = run_exchange(record, args.out, bandwidth, codec, staleness, args.steps,
-                                              args.step_seconds)
-                results[(bandwidth, codec, staleness)] = (rate, accuracy)
-                print(f"{bandwidth} {codec} s={staleness}: {rate:.2f} steps/s, accuracy {100 * accuracy:.2f} %",
-                      flush=True)
+                rate, accuracy, cpu_ms = run_exchange(record, args.out, bandwidth, codec, staleness, args.steps,
+                                                      args.step_seconds)
+                results[(bandwidth, codec, staleness)] = (rate, accuracy, cpu_ms)
+                print(f"{bandwidth} {codec} s={staleness}: {rate:.2f} steps/s, accuracy {100 * accuracy:.2f} %, "
+                      f"rank 0 {cpu_ms:.0f} CPU ms/step", flush=True)
     return results
 
 
@@ -89,17 +91,18 @@ def report(results: dict, args) -> None:
     shaped = [b for b in bandwidths if b != UNSHAPED]
     print(f"\nResNet-32, {args.hosts} hosts, batch 16/worker, {args.steps} steps per run, "
           f"{1000 * args.step_seconds:.0f} ms of sleep per step; steps/s, and communication ms/step "
-          f"(step time shaped - unshaped)")
+          f"(step time shaped - unshaped), rank 0's CPU ms/step at {bandwidths[0]}")
     rate_width = max(len(b) for b in bandwidths) + 2  # 25mbit/400ms is wider than a rate
     comm_width = rate_width + 5
     print(f"{'codec':<6}{'s':>3}" + "".join(f"{b:>{rate_width}}" for b in bandwidths)
-          + "".join(f"{'comm ' + b:>{comm_width}}" for b in shaped) + f"{'accuracy %':>12}")
+          + "".join(f"{'comm ' + b:>{comm_width}}" for b in shaped) + f"{'accuracy %':>12}{'CPU ms':>8}")
     for codec, staleness in args.exchanges:
         row = f"{codec:<6}{staleness:>3}" + "".join(f"{results[(b, codec, staleness)][0]:>{rate_width}.2f}"
                                                     for b in bandwidths)
         if UNSHAPED in bandwidths:
             row += "".join(f"{communication_ms(results, b, codec, staleness):>{comm_width}.1f}" for b in shaped)
         row += f"{100 * results[(bandwidths[0], codec, staleness)][1]:>12.2f}"
+        row += f"{results[(bandwidths[0], codec, staleness)][2]:>8.0f}"
         print(row)
     if UNSHAPED not in bandwidths or args.exchanges != EXCHANGES:
         print("(the goals need every exchange and an unshaped run)")

@@ -144,6 +144,14 @@ def steps_per_second(job: Rehearsal, from_step: int = MEASURED_FROM_STEP) -> flo
     return (last["step"] - first["step"]) / (last["time"] - first["time"])
 
 
+def cpu_ms_per_step(job: Rehearsal, from_step: int = MEASURED_FROM_STEP) -> float:
+    """Rank 0's CPU time per step (all its threads), over the same steps as steps_per_second:
+    on cores that 4 workers share, it shows what a step costs where the wall time swings."""
+    rows = [r for r in job.rows("metrics.jsonl") if "cpu_s" in r and r["step"] >= from_step]
+    first, last = rows[0], rows[-1]
+    return 1000 * (last["cpu_s"] - first["cpu_s"]) / (last["step"] - first["step"])
+
+
 # -- soak and vanish ---------------------------------------------------------------------------
 
 def soak(args) -> None:

@@ -47,6 +47,9 @@ def test_job_accuracy_is_its_last_checkpoint_scored_by_one_process(job):
     assert summary["world_sizes_seen"] == [2]
     evals = [r for r in j.rows("metrics.jsonl") if "test_accuracy" in r]
     assert [r["step"] for r in evals] == [40, 80, 120, 120]  # every eval_every steps, then the final one
+    # Every log row carries rank 0's CPU seconds so far (benchmarks/exchange.py reads them).
+    cpu = [r["cpu_s"] for r in j.rows("metrics.jsonl") if "loss" in r]
+    assert len(cpu) == 120 // 10 and 0 < cpu[0] < cpu[-1] and cpu == sorted(cpu), cpu
     # The last checkpoint was written in the background; the job waited for it before its summary.
     last = LocalCheckpointStore(j.run_dir / "checkpoints").load_latest()
     assert last.step == 120

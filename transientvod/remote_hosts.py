@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import copy
 import secrets
+import shlex
 import socket
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,7 +24,7 @@ import psutil
 
 from transientvod.config import Config, to_yaml
 from transientvod.job_channel import TOKEN_ENV, JobChannel
-from transientvod.spot.ssh_reach import CONNECT_TIMEOUT_SECONDS, MAX_PARALLEL, SSH_OPTIONS
+from transientvod.spot.ssh_reach import MAX_PARALLEL, probe
 
 MARKER_PREFIX = ".transientvod-shared-check-"
 
@@ -55,20 +55,16 @@ def head_address(remote: list[str], interface: str = "") -> str:
     try:
         # No host listed yet (a cloud's instances still joining): the default route's address.
         target = socket.gethostbyname(remote[0]) if remote else "10.255.255.255"
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((target, 9))  # a UDP connect only picks the route and the source address
-            return probe.getsockname()[0]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            udp.connect((target, 9))  # a UDP connect only picks the route and the source address
+            return udp.getsockname()[0]
     except OSError as e:
         raise RemoteHostsError(f"the launcher finds no route to {remote[0] if remote else 'the hosts'} ({e}); set "
                                "cluster.network_interface to the interface the hosts reach this machine by.") from None
 
 
 def _sees(host: str, marker: Path) -> bool:
-    argv = ["ssh", *SSH_OPTIONS, "-o", f"ConnectTimeout={CONNECT_TIMEOUT_SECONDS}", host, f"test -f {marker}"]
-    try:
-        return subprocess.run(argv, capture_output=True, timeout=CONNECT_TIMEOUT_SECONDS + 10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+    return probe(host, f"test -f {shlex.quote(str(marker))}") is None
 
 
 def hosts_without(directory: Path, remote: list[str]) -> list[str]:

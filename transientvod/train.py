@@ -273,6 +273,10 @@ def train(config: Config, record=None) -> None:
                     row = {"step": state.step, "loss": round(loss.item(), 5), "lr": lr, "momentum": momentum,
                            "world_size": hvd.size(),
                            "samples_per_s": round(samples_since_log / max(now - last_log, 1e-9), 1),
+                           # This process's CPU seconds so far, all its threads (Horovod's and
+                           # Gloo's too): what a step costs on a CPU-bound host, which wall
+                           # time on shared cores hides.
+                           "cpu_s": round(time.process_time(), 3),
                            "time": time.time()}
                     books.on_log(state, row)
                     record.append("metrics.jsonl", row)

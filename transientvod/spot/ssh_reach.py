@@ -71,9 +71,9 @@ def key_words(host: str) -> str:
     return f"no key (none of {', '.join(named) or 'the identity files'} exists)"
 
 
-def probe(host: str) -> str | None:
-    """None if `ssh host true` succeeds; else what ssh said (its last line)."""
-    argv = ["ssh", *SSH_OPTIONS, "-o", f"ConnectTimeout={CONNECT_TIMEOUT_SECONDS}", host, "true"]
+def probe(host: str, command: str = "true") -> str | None:
+    """None if `ssh host COMMAND` succeeds; else what ssh said (its last line)."""
+    argv = ["ssh", *SSH_OPTIONS, "-o", f"ConnectTimeout={CONNECT_TIMEOUT_SECONDS}", host, command]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=CONNECT_TIMEOUT_SECONDS + 10)
     except FileNotFoundError:
