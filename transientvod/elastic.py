@@ -30,6 +30,8 @@ import horovod.torch as hvd
 from horovod.common.exceptions import HostsUpdatedInterrupt
 from horovod.torch.elastic import ElasticSampler, TorchState
 
+from transientvod.horovod_wait import wait
+
 log = logging.getLogger(__name__)
 
 # How long one collective may wait on a silent peer before the survivors treat it as lost.
@@ -287,7 +289,7 @@ class CommitVote:
         if self._in_flight is None:
             return NO_VOTE
         handle, self._in_flight = self._in_flight, None
-        notice, hosts_update = hvd.synchronize(handle).tolist()
+        notice, hosts_update = wait([handle])[0].tolist()
         return Vote(notice=bool(notice), hosts_update=bool(hosts_update))
 
 

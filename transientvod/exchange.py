@@ -42,12 +42,12 @@ import horovod.torch as hvd
 from horovod.torch.optimizer import _DistributedOptimizer
 
 from transientvod.codecs import Transfer, Wire, check_codec, make_codec
+from transientvod.horovod_wait import POLL_SECONDS, wait_for_distributed_optimizer
 
 log = logging.getLogger(__name__)
 
 BUCKET_ELEMENTS = 1 << 22  # 16 MB of fp32 per bucket: big enough to use the link well
 POLL_EVERY_GRADS = 8  # during backward, move the steps in flight on every this many parameters' gradients
-WAIT_POLL_SECONDS = 0.001  # while waiting for the oldest step, how often the younger ones are moved on
 MIN_COMPRESS_ELEMENTS = 1 << 16  # smaller buckets go uncompressed: the saving is not worth a pass
 
 
@@ -101,7 +101,10 @@ class SynchronousStep:
         self.optimizer.zero_grad()
 
     def step(self, step: int) -> bool:
-        self.optimizer.step()  # waits for the gradients' allreduce, started during backward
+        # The gradients' allreduces started during backward; wait for them without Horovod's
+        # spinning synchronize (horovod_wait.py), then step() finds them done.
+        wait_for_distributed_optimizer(self.optimizer)
+        self.optimizer.step()
         return True
 
     def drain(self) -> int:
@@ -261,7 +264,7 @@ class GradientExchange:
             while not all(transfer.complete for transfer in oldest.transfers):
                 self._advance()
                 if not all(transfer.complete for transfer in oldest.transfers):
-                    time.sleep(WAIT_POLL_SECONDS)
+                    time.sleep(POLL_SECONDS)
         return self._finish(self.queue.popleft())
 
     def _finish(self, record: InFlight) -> bool:

@@ -6,7 +6,7 @@ is the last step, `decode(out) -> nonfinite`, run only when the optimizer wants 
 gradient (the bucket's buffer holds newer gradients until then). `advance` never blocks:
 it polls the handles and moves on only if they are done, so the exchange can call it at
 every step and a phase starts as soon as the one before it ends, without waiting for the
-step that finishes it. `finish` waits for whatever is left.
+step that finishes it. `finish` waits for whatever is left (polling: horovod_wait.py).
 """
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from typing import Callable, Generator
 import torch
 
 import horovod.torch as hvd
+
+from transientvod.horovod_wait import wait
 
 Decode = Callable[[torch.Tensor], bool]
 Protocol = Generator[list, list, Decode]
@@ -46,7 +48,7 @@ class Transfer:
     def finish(self, out: torch.Tensor) -> bool:
         """Wait for the rest of the protocol, decode the average into `out`; True if not finite."""
         while not self.complete:
-            self._handles = self._resume([hvd.synchronize(h) for h in self._handles])
+            self._handles = self._resume(wait(self._handles))
         return self._decode(out)
 
     def _resume(self, results: list | None) -> list:
