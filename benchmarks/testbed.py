@@ -138,17 +138,21 @@ def run_to_end(job: Rehearsal, discovery: str | None, env: dict, timeout: float)
     return wall
 
 
+def _first_and_last(job: Rehearsal, key: str, from_step: int) -> tuple[dict, dict]:
+    """Rank 0's first and last metrics rows that carry `key`, from `from_step` on."""
+    rows = [r for r in job.rows("metrics.jsonl") if key in r and r["step"] >= from_step]
+    return rows[0], rows[-1]
+
+
 def steps_per_second(job: Rehearsal, from_step: int = MEASURED_FROM_STEP) -> float:
-    rows = [r for r in job.rows("metrics.jsonl") if "time" in r and r["step"] >= from_step]
-    first, last = rows[0], rows[-1]
+    first, last = _first_and_last(job, "time", from_step)
     return (last["step"] - first["step"]) / (last["time"] - first["time"])
 
 
 def cpu_ms_per_step(job: Rehearsal, from_step: int = MEASURED_FROM_STEP) -> float:
     """Rank 0's CPU time per step (all its threads), over the same steps as steps_per_second:
     on cores that 4 workers share, it shows what a step costs where the wall time swings."""
-    rows = [r for r in job.rows("metrics.jsonl") if "cpu_s" in r and r["step"] >= from_step]
-    first, last = rows[0], rows[-1]
+    first, last = _first_and_last(job, "cpu_s", from_step)
     return 1000 * (last["cpu_s"] - first["cpu_s"]) / (last["step"] - first["step"])
 
 
