@@ -15,7 +15,9 @@
 # process sets use HOROVOD_GLOO_IFACE (else Gloo resolves the hostname, often to loopback, and
 # the ring cannot form); HOROVOD_GLOO_OP_TIMEOUT_SECONDS bounds collectives apart from the
 # rendezvous; horovodrun's ssh sends keepalives, so a vanished host is noticed in seconds; and
-# the elastic driver's message to a vanished coordinator neither waits minutes nor holds its lock.
+# the elastic driver's message to a vanished coordinator neither waits minutes nor holds its lock;
+# and the rendezvous server and the workers' notification services listen on the one address
+# their peers are told to use (loopback for a job on this machine), not on every interface.
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1

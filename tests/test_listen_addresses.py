@@ -1,0 +1,99 @@
+"""A job on this machine's own hosts listens on loopback only.
+
+Horovod 0.28.1's rendezvous server (an HTTP server without authentication, in horovodrun)
+and each elastic worker's notification service used to listen on every interface; our patch
+(launch/horovod-0.28.1-transient.patch) binds them to the address the other side is told
+to use: the driver's address on the workers' common interface, and the worker's own
+address on the Gloo interface. For hosts on this machine that interface is loopback.
+Both tests watch the real processes' listening sockets (psutil) while the job runs.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from conftest import REPO, explain
+
+pytestmark = pytest.mark.slow
+
+# Each worker stays up this long after hvd.init(), so the sampler sees its sockets.
+HOLD_SECONDS = 4
+
+
+def listening(root: psutil.Process) -> set[tuple[str, str]]:
+    """(role, address) of every listening TCP socket in `root`'s process tree; role is
+    'driver' (horovodrun), 'worker' or 'other' (the CLI around horovodrun, shells)."""
+    try:
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return set()
+    found = set()
+    for process in processes:
+        try:
+            command = " ".join(process.cmdline())
+            sockets = process.net_connections(kind="inet")
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        role = ("driver" if "horovodrun" in command else
+                "worker" if "transientvod.train" in command or "hvd.init()" in command else "other")
+        found |= {(role, s.laddr.ip) for s in sockets if s.status == psutil.CONN_LISTEN}
+    return found
+
+
+def watch(proc: subprocess.Popen, seconds: float) -> set[tuple[str, str]]:
+    """Sample the job's listening sockets until it exits (or `seconds` pass)."""
+    root = psutil.Process(proc.pid)
+    seen, deadline = set(), time.monotonic() + seconds
+    while proc.poll() is None and time.monotonic() < deadline:
+        seen |= listening(root)
+        time.sleep(0.1)
+    return seen
+
+
+def assert_loopback_only(seen: set[tuple[str, str]]) -> None:
+    roles = {role for role, _ in seen}
+    # Not vacuous: the driver's rendezvous server and the workers' sockets were seen.
+    assert {"driver", "worker"} <= roles, seen
+    wide = sorted((role, ip) for role, ip in seen if not ipaddress.ip_address(ip).is_loopback)
+    assert not wide, f"listening beyond loopback: {wide}"
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_horovodrun_on_this_machine_listens_on_loopback_only():
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    hold = f"import time, horovod.torch as hvd; hvd.init(); time.sleep({HOLD_SECONDS}); hvd.shutdown()"
+    proc = subprocess.Popen([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-c", hold],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            start_new_session=True)
+    try:
+        seen = watch(proc, 120)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        stop(proc)
+    assert proc.returncode == 0, explain(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    assert_loopback_only(seen)
+
+
+def test_an_elastic_job_on_local_hosts_listens_on_loopback_only(job, tmp_path):
+    j = job("listen", cluster={"min_np": 2, "max_np": 2}, train={"steps": 300})
+    log_path = tmp_path / "listen.log"
+    proc = j.start(j.discovery("0=localhost:1,127.0.0.1:1"), log_path)
+    try:
+        seen = watch(proc, 150)
+        proc.wait(timeout=60)
+    finally:
+        stop(proc)
+    assert proc.returncode == 0, log_path.read_text()[-4000:]
+    assert_loopback_only(seen)
