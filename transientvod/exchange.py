@@ -256,15 +256,15 @@ class GradientExchange:
                 older_done = None if transfer.complete else transfer.phases_done
 
     def _finish_oldest(self) -> bool:
-        """Wait for the oldest step in flight and apply it. While younger steps are in flight,
-        the wait keeps moving them on (a blocking wait on the oldest alone left the link idle
-        whenever a younger step's phase ended meanwhile: its next phase waited for the next poll)."""
+        """Wait for the oldest step in flight and apply it. The wait keeps moving every step in
+        flight on (a blocking wait on the oldest alone left the link idle whenever a younger
+        step's phase ended meanwhile: its next phase waited for the next poll)."""
         oldest = self.queue[0]
-        if len(self.queue) > 1:
-            while not all(transfer.complete for transfer in oldest.transfers):
-                self._advance()
-                if not all(transfer.complete for transfer in oldest.transfers):
-                    time.sleep(POLL_SECONDS)
+        while True:
+            self._advance()
+            if all(transfer.complete for transfer in oldest.transfers):
+                break
+            time.sleep(POLL_SECONDS)
         return self._finish(self.queue.popleft())
 
     def _finish(self, record: InFlight) -> bool:
