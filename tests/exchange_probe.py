@@ -95,8 +95,7 @@ def stale_sum(codec: str, staleness: int, size: int, steps: int = 6, stale_from_
 def backward_polls(codec: str) -> dict:
     """Step 0's first phase is started by step(0); then only backward passes run, no step():
     the parameters' gradient hooks must move it on to its next phase once the first is done."""
-    param, exchange = one_param_exchange(SIZE, codec, staleness=2, name=f"backward_polls.{codec}",
-                                         start_in_backward=False)  # the backward passes here only poll
+    param, exchange = one_param_exchange(SIZE, codec, staleness=2, name=f"backward_polls.{codec}")
     exchange.zero_grad()
     param.grad.fill_(1.0)
     exchange.step(0)
@@ -109,58 +108,6 @@ def backward_polls(codec: str) -> dict:
     phases = transfer.phases_done
     exchange.drain()
     return {"codec": codec, "phases_done": phases, "backwards": backwards}
-
-
-def backward_start(codec: str, staleness: int, steps: int = 8) -> dict:
-    """A three-layer MLP in three buckets, trained with buckets started by backward's hooks and
-    again with every bucket started by step(): how many buckets each step's backward started
-    (none in a ring's first step, whose step number backward does not know yet), and whether
-    both give the same parameters, bit for bit."""
-    def train(start_in_backward: bool):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
-                                    torch.nn.ReLU(), torch.nn.Linear(64, 4)).to(DEVICE)
-        exchange = GradientExchange(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model.parameters(),
-                                    staleness=staleness, codec=codec, min_compress_elements=0, bucket_elements=1100,
-                                    start_in_backward=start_in_backward,
-                                    name=f"backward_start.{codec}.{staleness}.{start_in_backward}")
-        data = torch.Generator().manual_seed(400 + hvd.rank())
-        started = []
-        for step in range(steps):
-            x, y = torch.randn(8, 16, generator=data).to(DEVICE), torch.randint(0, 4, (8,), generator=data).to(DEVICE)
-            exchange.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            building = exchange.queue[-1] if exchange.queue and exchange.queue[-1].step == step else None
-            started.append(0 if building is None else sum(t is not None for t in building.transfers))
-            exchange.step(step)
-        exchange.drain()
-        return checksum(model), started, len(exchange.buckets)
-    early, started, buckets = train(True)
-    late, started_late, _ = train(False)
-    return {"codec": codec, "staleness": staleness, "buckets": buckets, "started_in_backward": started,
-            "started_late": started_late, "same": early == late}
-
-
-def backward_misuse(codec: str) -> dict:
-    """Two backward passes before one step(), and a step number that skips one: each raises
-    one sentence saying what to do, instead of sending half a gradient; the exchange stays
-    usable (the right step() then finishes the step backward started)."""
-    param, exchange = one_param_exchange(SIZE, codec, staleness=1, name=f"backward_misuse.{codec}")
-    messages = []
-    for step, misuse in enumerate(("twice", "skip", "twice", "skip")):
-        exchange.zero_grad()
-        (param * 1.0).sum().backward()  # from the second step on, starts the step from backward's hook
-        try:
-            if misuse == "twice":
-                (param * 1.0).sum().backward()
-            else:
-                exchange.step(step + 5)
-            messages.append("")
-        except RuntimeError as error:
-            messages.append(str(error))
-        exchange.step(step)
-    drained = exchange.drain()
-    return {"codec": codec, "messages": messages, "drained": drained, "param": param[0].item()}
 
 
 def owner_residual(steps: int = 200) -> list[dict]:
@@ -340,8 +287,6 @@ CHECKS = {
     "stale_from": lambda: [stale_sum(c, 2, 2 * BLOCK, steps=8, stale_from_step=3) for c in CODECS],
     "owner_residual": owner_residual,
     "backward_polls": lambda: [backward_polls(c) for c in COMPRESSED],
-    "backward_start": lambda: [backward_start(c, s) for c in CODECS for s in (0, 2)],
-    "backward_misuse": lambda: [backward_misuse(c) for c in CODECS],
     "nan": lambda: [nan_skip(c) for c in CODECS],
     "buckets": lambda: [several_buckets(c) for c in CODECS],
     "switch": lambda: [compress_switch()],

@@ -21,7 +21,7 @@ BOUNDS = {"none": 1e-6, "fp16": 2.0 ** -10, "bf16": 2.0 ** -8, "int8": 2.0 / 127
 PAYLOAD_BYTES = {"fp16": 2, "bf16": 2, "int8": 1}
 CHECKS_BY_WORLD = {
     2: ("bitident", "average", "stale", "stale_from", "nan", "buckets", "switch", "drain", "lost_peer", "bytes",
-        "backward_polls", "backward_start", "backward_misuse"),
+        "backward_polls"),
     3: ("bitident_one_tensor", "average", "bytes"),
     4: ("owner_residual", "bytes"),
 }
@@ -153,34 +153,6 @@ def test_backward_moves_a_step_in_flight_on_to_its_next_phase():
     assert {row["codec"] for row in found} == {"fp16", "bf16", "int8"}
     for row in found:
         assert row["phases_done"] >= 1, row
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("codec", CODECS)
-def test_backward_starts_each_bucket_it_fills_with_the_same_result_as_step(codec):
-    """From a ring's second step on, backward's hooks start every bucket once its gradients
-    are in (none is left for step()); the parameters equal those of starting all at step()."""
-    found = [row for row in rows(2, "backward_start") if row["codec"] == codec]
-    assert {row["staleness"] for row in found} == {0, 2}
-    for row in found:
-        assert row["buckets"] == 3, row
-        assert row["started_in_backward"] == [0] + [3] * 7, row
-        assert row["started_late"] == [0] * 8, row
-        assert row["same"], row
-
-
-@pytest.mark.slow
-def test_a_second_backward_or_a_skipped_step_number_is_refused_in_one_sentence():
-    for row in rows(2, "backward_misuse"):
-        first, skip, twice, skip_again = row["messages"]
-        assert first == "", row  # a ring's first step starts at step(): two backwards accumulate
-        assert skip.startswith("gradient exchange: step(6) after backward started step 1;"), row
-        assert twice.startswith("gradient exchange: a gradient was accumulated into bucket 0 after backward"), row
-        assert skip_again.startswith("gradient exchange: step(8) after backward started step 3;"), row
-        assert all(m.endswith(".") and m.count(". ") == 0 for m in (skip, twice, skip_again)), row
-        # lr 1: step 0 sent 2 (two backwards), steps 1-3 sent 1 each (step 2's refused second
-        # backward came after its bucket had been sent), each applied once.
-        assert row["drained"] == 1 and row["param"] == pytest.approx(-5.0, rel=1e-5), row
 
 
 @pytest.mark.slow

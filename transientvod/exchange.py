@@ -10,11 +10,6 @@
 At step t every rank encodes its gradient buckets and starts their exchange with Horovod's
 async ops (the codec's protocol: `transientvod.codecs`); training goes on, and the optimizer
 applies the averaged gradient of step t - s, waiting only for what step t - s started.
-A bucket starts as soon as backward has filled it (its parameters' gradient hooks), as
-Horovod's DistributedOptimizer starts its allreduces, so its bytes travel while backward
-computes the rest; `step(t)` starts whatever backward left (steps must follow one another:
-t, t + 1, ...). What a bucket sends is what backward left in it: code that changes gradients
-between backward and step (clipping) passes `start_in_backward=False`.
 Each step in flight moves on to its next phase as soon as a poll finds the one before it
 done: polls run at `step` and `zero_grad`, from backward's gradient hooks (every
 POLL_EVERY_GRADS parameters), and while `step` waits for the oldest step; so a multi-phase
@@ -59,7 +54,7 @@ MIN_COMPRESS_ELEMENTS = 1 << 16  # smaller buckets go uncompressed: the saving i
 class Bucket:
     """A run of parameters whose gradients live in one flat fp32 buffer."""
 
-    __slots__ = ("index", "params", "grad", "codecs", "grads_ready")
+    __slots__ = ("index", "params", "grad", "codecs")
 
     def __init__(self, index: int, params: list[torch.nn.Parameter]):
         self.index = index
@@ -67,7 +62,6 @@ class Bucket:
         numel = sum(p.numel() for p in params)
         self.grad = torch.zeros(numel, dtype=torch.float32, device=params[0].device)
         self.codecs: dict[str, object] = {}
-        self.grads_ready = 0  # parameters whose gradient this step's backward has accumulated
         self.bind_grads()
 
     def bind_grads(self) -> None:
@@ -88,12 +82,10 @@ class Bucket:
 
 @dataclass
 class InFlight:
-    """One step's buckets on the wire, stamped with the ring they were started in; a bucket's
-    transfer is None until it starts (backward or step() starts it)."""
+    """One step's buckets on the wire, stamped with the ring they were started in."""
     step: int
     world: int
-    prefix: str  # its Horovod op names' prefix
-    transfers: list[Transfer | None]
+    transfers: list[Transfer]
 
 
 class SynchronousStep:
@@ -126,14 +118,12 @@ class GradientExchange:
     """Wraps an optimizer (plain torch, not hvd.DistributedOptimizer) with the exchange."""
 
     __slots__ = ("optimizer", "staleness", "stale_from_step", "codec_name", "block", "min_compress_elements",
-                 "compress_from_step", "start_in_backward", "buckets", "queue", "skipped_steps", "applied_steps",
-                 "wire", "name", "_ring", "_started", "_next_step", "_building", "_grads_seen", "_hooks",
-                 "__weakref__")
+                 "compress_from_step", "buckets", "queue", "skipped_steps", "applied_steps", "wire", "name", "_ring",
+                 "_grads_seen", "_hooks", "__weakref__")
 
     def __init__(self, optimizer: torch.optim.Optimizer, parameters, staleness: int = 0, codec: str = "none",
                  block: int = 512, min_compress_elements: int = MIN_COMPRESS_ELEMENTS, compress_from_step: int = 0,
-                 bucket_elements: int = BUCKET_ELEMENTS, name: str = "transientvod.grads", stale_from_step: int = 0,
-                 start_in_backward: bool = True):
+                 bucket_elements: int = BUCKET_ELEMENTS, name: str = "transientvod.grads", stale_from_step: int = 0):
         """`name` prefixes the exchange's Horovod op names: two exchanges alive in one process
         at once (tests do that) need different names, since Horovod refuses a name in flight.
         Steps before `stale_from_step` are synchronous (finished in their own `step` call); from
@@ -152,7 +142,6 @@ class GradientExchange:
         self.block = block
         self.min_compress_elements = min_compress_elements
         self.compress_from_step = compress_from_step
-        self.start_in_backward = start_in_backward
         self.buckets = self._make_buckets([p for p in parameters if p.requires_grad], bucket_elements)
         self.queue: deque[InFlight] = deque()
         self.skipped_steps = 0
@@ -160,9 +149,6 @@ class GradientExchange:
         self.wire = Wire()
         self.name = name
         self._ring: int | None = None
-        self._started = 0  # steps started in this ring
-        self._next_step: int | None = None  # the step backward's hooks start: known after a ring's first step
-        self._building: InFlight | None = None  # the step whose buckets backward is starting
         self._grads_seen = 0
         # A protocol's next phase starts when a poll finds the last one done. Polled only at
         # step(), a scatter-reduce's second phase started a step late and the link idled
@@ -175,14 +161,12 @@ class GradientExchange:
         # buffers) for as long as the model does.
         this = weakref.ref(self)
 
-        def gradient_hook(bucket: Bucket):
-            def on_gradient(_param: torch.nn.Parameter) -> None:
-                exchange = this()
-                if exchange is not None:
-                    exchange._on_gradient(bucket)
-            return on_gradient
+        def poll_from_backward(_param: torch.nn.Parameter) -> None:
+            exchange = this()
+            if exchange is not None:
+                exchange._poll_from_backward()
 
-        self._hooks = [p.register_post_accumulate_grad_hook(gradient_hook(bucket))
+        self._hooks = [p.register_post_accumulate_grad_hook(poll_from_backward)
                        for bucket in self.buckets for p in bucket.params]
 
     @staticmethod
@@ -204,23 +188,25 @@ class GradientExchange:
         for bucket in self.buckets:
             bucket.bind_grads()
             bucket.grad.zero_()
-            bucket.grads_ready = 0
 
     def step(self, step: int) -> bool:
-        """Start step `step`'s exchange (what backward has not started); apply step `step - s`'s
-        average. True if applied."""
+        """Start step `step`'s exchange; apply step `step - s`'s average. True if applied."""
         if self._ring is None:
             self._ring = step  # the ring's first step: the same on every rank, new or old
-        record = self._building or self._begin(step)
-        if record.step != step:
-            raise RuntimeError(f"gradient exchange: step({step}) after backward started step {record.step}; steps must "
-                               "follow one another, or pass start_in_backward=False.")
+        world, rank = hvd.size(), hvd.rank()
+        # Horovod refuses an op whose name is still in flight. Names carry the ring and the
+        # step's slot, step % (s + 1): at most s + 1 steps are in flight, and a slot's last
+        # step was finished (every handle waited for) before `step` reuses it; a stable name per
+        # slot also lets Horovod's response cache know the op. The ring's first step keeps a
+        # new ring's names apart from any op a reset dropped, as elastic.CommitVote does, and
+        # drain() leaves nothing behind for the next exchange in the same process.
+        prefix = f"{self.name}.r{self._ring}.s{step % (self.staleness + 1)}"
+        transfers = []
         for bucket in self.buckets:
-            if record.transfers[bucket.index] is None:
-                self._start(record, bucket)
-            bucket.grads_ready = 0
-        self._building = None
-        self._next_step = step + 1
+            codec = self._codec_for(bucket, step)
+            protocol = codec.start(bucket.grad, self.wire, f"{prefix}.b{bucket.index}", world, rank)
+            transfers.append(Transfer(protocol))
+        self.queue.append(InFlight(step, world, transfers))
         self._advance()
         delay = self.staleness if step >= self.stale_from_step else 0
         if len(self.queue) <= delay:
@@ -230,8 +216,6 @@ class GradientExchange:
     def drain(self) -> int:
         """Apply every step in flight, oldest first, while the ring is still whole; how many
         were applied (a non-finite step is skipped on every rank, as in `step`)."""
-        if self._building is not None:
-            raise RuntimeError("gradient exchange: drain() between backward() and step(); call step() first.")
         applied, drained = 0, len(self.queue)
         while self.queue:
             applied += self._finish_oldest()
@@ -245,50 +229,13 @@ class GradientExchange:
         dropped = len(self.queue)
         self.queue.clear()
         self._ring = None
-        self._started = 0
-        self._next_step = None
-        self._building = None
-        for bucket in self.buckets:
-            bucket.grads_ready = 0
         self._reset_residuals()
         if dropped:
             log.info("gradient exchange: dropped %d step(s) of gradients in flight at the reset", dropped)
 
     # -- steps in flight --------------------------------------------------------------------
 
-    def _begin(self, step: int) -> InFlight:
-        """Queue step `step` with none of its buckets started yet."""
-        # Horovod refuses an op whose name is still in flight. Names carry the ring and the
-        # step's slot, (steps started in the ring) % (s + 1): at most s + 1 steps are in flight
-        # (s queued, one being started by backward), and a slot's last step was finished (every
-        # handle waited for) before a step reuses it; a stable name per slot also lets
-        # Horovod's response cache know the op. The ring's first step keeps a new ring's names
-        # apart from any op a reset dropped, as elastic.CommitVote does, and drain() leaves
-        # nothing behind for the next exchange in the same process.
-        prefix = f"{self.name}.r{self._ring}.s{self._started % (self.staleness + 1)}"
-        self._started += 1
-        record = InFlight(step, hvd.size(), prefix, [None] * len(self.buckets))
-        self.queue.append(record)
-        return record
-
-    def _start(self, record: InFlight, bucket: Bucket) -> None:
-        codec = self._codec_for(bucket, record.step)
-        protocol = codec.start(bucket.grad, self.wire, f"{record.prefix}.b{bucket.index}", record.world, hvd.rank())
-        record.transfers[bucket.index] = Transfer(protocol)
-
-    def _on_gradient(self, bucket: Bucket) -> None:
-        """A parameter's gradient is accumulated (autograd's hook, during backward)."""
-        if self.start_in_backward and self._next_step is not None:
-            record = self._building
-            if record is not None and record.transfers[bucket.index] is not None:
-                raise RuntimeError(f"gradient exchange: a gradient was accumulated into bucket {bucket.index} after "
-                                   "backward had started its exchange; call step() after every backward(), or "
-                                   "pass start_in_backward=False to accumulate several.")
-            bucket.grads_ready += 1
-            if bucket.grads_ready == len(bucket.params):
-                if record is None:
-                    record = self._building = self._begin(self._next_step)
-                self._start(record, bucket)
+    def _poll_from_backward(self) -> None:
         self._grads_seen += 1
         if self.queue and self._grads_seen % POLL_EVERY_GRADS == 0:
             self._advance()
@@ -305,8 +252,6 @@ class GradientExchange:
             older_done = None  # phases the older step of this bucket has done; None: complete
             for record in self.queue:
                 transfer = record.transfers[index]
-                if transfer is None:
-                    break  # not started yet (the step backward is filling); nothing younger
                 transfer.advance(until=older_done)
                 older_done = None if transfer.complete else transfer.phases_done
 

@@ -80,7 +80,6 @@ def validate(config: Config, source: str = "config") -> None:
         "cluster.min_np": config.cluster.min_np,
         "cluster.max_np": config.cluster.max_np,
         "cluster.slots_per_host": config.cluster.slots_per_host,
-        "exchange.bucket_elements": config.exchange.bucket_elements,
         "cluster.elastic_timeout": config.cluster.elastic_timeout,
         "spot.stale_after": config.spot.stale_after,
         "spot.poll_seconds": config.spot.poll_seconds,
