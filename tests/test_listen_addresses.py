@@ -23,8 +23,19 @@ from conftest import REPO, explain
 
 pytestmark = pytest.mark.slow
 
-# Each worker stays up this long after hvd.init(), so the sampler sees its sockets.
-HOLD_SECONDS = 4
+# A plain job's workers listen only while Gloo connects them, for a fraction of a second
+# (measured: 0.1-0.2 s), too short for a sampler to be sure to see. Rank 1 therefore waits
+# for this file before hvd.init(), and rank 0 sits in Gloo's rendezvous with its listener
+# open until the test has seen it and written the file.
+HOLD_RANK_1 = """
+import os, time, horovod.torch as hvd
+if os.environ["HOROVOD_RANK"] == "1":
+    deadline = time.monotonic() + {seconds}
+    while not os.path.exists({flag!r}) and time.monotonic() < deadline:
+        time.sleep(0.05)
+hvd.init()
+hvd.shutdown()
+"""
 
 
 def listening(root: psutil.Process) -> set[tuple[str, str]]:
@@ -37,22 +48,36 @@ def listening(root: psutil.Process) -> set[tuple[str, str]]:
     found = set()
     for process in processes:
         try:
-            command = " ".join(process.cmdline())
+            role = role_of(process.cmdline())
             sockets = process.net_connections(kind="inet")
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
-        role = ("driver" if "horovodrun" in command else
-                "worker" if "transientvod.train" in command or "hvd.init()" in command else "other")
         found |= {(role, s.laddr.ip) for s in sockets if s.status == psutil.CONN_LISTEN}
     return found
 
 
-def watch(proc: subprocess.Popen, seconds: float) -> set[tuple[str, str]]:
-    """Sample the job's listening sockets until it exits (or `seconds` pass)."""
+def role_of(argv: list[str]) -> str:
+    """From the program a process runs, never from a substring of its whole command line:
+    a worker's arguments may name a path such as pytest's tmp_path, which holds the test's
+    name, and so the word 'horovodrun'."""
+    program = argv[1:3] if len(argv) > 1 and argv[1] in ("-m", "-c") else argv[1:2]
+    if any(os.path.basename(arg) == "horovodrun" for arg in argv[:1] + program):
+        return "driver"
+    if program[:2] == ["-m", "transientvod.train"] or (program[:1] == ["-c"] and "hvd.init()" in program[1]):
+        return "worker"
+    return "other"
+
+
+def watch(proc: subprocess.Popen, seconds: float, on_both_seen=lambda: None) -> set[tuple[str, str]]:
+    """Sample the job's listening sockets until it exits (or `seconds` pass); call
+    `on_both_seen` once the driver and a worker have both been seen listening."""
     root = psutil.Process(proc.pid)
-    seen, deadline = set(), time.monotonic() + seconds
+    seen, deadline, told = set(), time.monotonic() + seconds, False
     while proc.poll() is None and time.monotonic() < deadline:
         seen |= listening(root)
+        if not told and {"driver", "worker"} <= {role for role, _ in seen}:
+            on_both_seen()
+            told = True
         time.sleep(0.1)
     return seen
 
@@ -71,14 +96,17 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def test_horovodrun_on_this_machine_listens_on_loopback_only():
+def test_horovodrun_on_this_machine_listens_on_loopback_only(tmp_path):
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    hold = f"import time, horovod.torch as hvd; hvd.init(); time.sleep({HOLD_SECONDS}); hvd.shutdown()"
+    flag = tmp_path / "rank-0-seen-listening"
+    # Rank 1 gives up waiting after 60 s, so a job whose worker is never seen still ends
+    # (and the assertion below says what was seen).
+    hold = HOLD_RANK_1.format(flag=str(flag), seconds=60)
     proc = subprocess.Popen([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-c", hold],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                             start_new_session=True)
     try:
-        seen = watch(proc, 120)
+        seen = watch(proc, 120, on_both_seen=flag.touch)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         stop(proc)
