@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 from transientvod.testbed import TestbedError
@@ -22,6 +23,7 @@ SSHD = "/usr/sbin/sshd"
 PRIVSEP_DIR = Path("/run/sshd")  # sshd refuses to start without it
 CLIENT_KEY = "id_ed25519"
 HOST_KEY = "ssh_host_ed25519_key"
+STOP_TIMEOUT_SECONDS = 10  # SIGKILL cannot be caught; a process takes this long only if the kernel is stuck
 
 
 def check_installed() -> None:
@@ -109,15 +111,14 @@ def start(directory: Path, host: Machine, private_disk: list[str] | tuple[str, .
 
 
 def running_pid(directory: Path, host: Machine) -> int | None:
+    """The host's sshd's pid, or None if it is gone. A killed sshd is an orphan (it detached
+    from its parent), reaped whenever this machine's init gets to it: until then it is a
+    zombie, which os.kill(pid, 0) still finds, so the state comes from /proc."""
     try:
         pid = int(pid_path(directory, host).read_text().strip())
     except (OSError, ValueError):
         return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    return pid
+    return None if process_state(pid) == "gone" else pid
 
 
 def process_state(pid: int) -> str:
@@ -129,10 +130,22 @@ def process_state(pid: int) -> str:
     return {"T": "stopped", "t": "stopped", "Z": "gone", "X": "gone"}.get(fields[0], "running")
 
 
-def stop(directory: Path, host: Machine) -> None:
+def stop(directory: Path, host: Machine, timeout: float = STOP_TIMEOUT_SECONDS) -> None:
+    """Kill the host's sshd and return once it is gone, so that its port is free for whatever
+    starts next (boot's user data starts an sshd of its own on the same address)."""
     pid = running_pid(directory, host)
-    if pid is not None:
+    if pid is None:
+        return
+    try:
         os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while process_state(pid) != "gone":
+        if time.monotonic() > deadline:
+            raise TestbedError(f"sshd (pid {pid}) on {host.name} did not exit within {timeout:g} s of SIGKILL.")
+        time.sleep(0.01)
+    pid_path(directory, host).unlink(missing_ok=True)  # its pid may be some other process's later
 
 
 def exec_argv(head: Machine, argv: list[str]) -> list[str]:
