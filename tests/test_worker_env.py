@@ -21,3 +21,11 @@ def test_a_tracking_uri_without_a_password_is_passed_on(caplog):
     for uri in ("http://mlflow.internal:5000", "sqlite:////srv/runs/mlflow.db", "http://alice@mlflow.internal:5000"):
         assert worker_environment({"MLFLOW_TRACKING_URI": uri}) == {"MLFLOW_TRACKING_URI": uri}
     assert caplog.records == []
+
+
+def test_openmp_settings_reach_the_workers():
+    # How idle OpenMP threads wait decides how much CPU a worker burns between its parallel
+    # regions (benchmarks/exchange.py); a user's setting must reach the workers, not stop here.
+    openmp = {"OMP_NUM_THREADS": "4", "OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "1000", "KMP_BLOCKTIME": "0",
+              "MKL_NUM_THREADS": "4"}
+    assert worker_environment({**openmp, "EDITOR": "vi"}) == openmp

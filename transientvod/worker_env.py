@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 KEPT_NAMES = frozenset({
     "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "TZ", "TMPDIR", "LANG", "LANGUAGE",
     "SSH_AUTH_SOCK",  # a path: horovodrun's own ssh may need the user's agent
-    "LD_LIBRARY_PATH", "VIRTUAL_ENV", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+    "LD_LIBRARY_PATH", "VIRTUAL_ENV",
     "MLFLOW_TRACKING_URI", "MLFLOW_DISABLE_TELEMETRY", "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
     "MLFLOW_HTTP_REQUEST_TIMEOUT",
     "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE",
@@ -28,7 +28,10 @@ KEPT_NAMES = frozenset({
     "AWS_EC2_METADATA_SERVICE_ENDPOINT",
 })
 KEPT_PREFIXES = ("HOROVOD_", "GLOO_", "NCCL_", "TRANSIENTVOD_", "PYTHON", "LC_", "NUMBA_", "TORCH_", "CUDA_",
-                 "OMPI_", "PMI_")
+                 "OMPI_", "PMI_",
+                 # OpenMP's settings (libgomp's and Intel's, MKL's): thread counts, and how idle
+                 # threads wait (OMP_WAIT_POLICY, GOMP_SPINCOUNT, KMP_BLOCKTIME).
+                 "OMP_", "GOMP_", "KMP_", "MKL_")
 # Named in the launcher's warning when present: what a user most likely expected workers to get.
 CLOUD_CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
                      "GOOGLE_APPLICATION_CREDENTIALS", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
