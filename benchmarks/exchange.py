@@ -20,12 +20,17 @@ Goals (issue 12), printed with what was measured:
 - final accuracy within 1 point of `none` at staleness 0 (unshaped);
 - on unshaped links no codec costs more than 10 % of steps/s against `none` at the same staleness.
 
+The hiding verdict also says the most any exchange could hide on this machine: a step is never
+shorter than its bytes' time on the link, so (that wire time - the unshaped step at staleness 2)
+stays exposed. Where that is more than half, the goal is out of reach here, not missed.
+
 `none` at staleness 0 is the product's synchronous path (hvd.DistributedOptimizer, whose
 allreduce overlaps backward); every other row is transientvod's GradientExchange.
 """
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -33,6 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testbed import (RESNET32, cpu_ms_per_step, job_config, job_directory, job_env, run_to_end,  # noqa: E402
                      steps_per_second, testbed)
+from transientvod.config.schema import ModelConfig  # noqa: E402
+from transientvod.models import build_model, count_parameters  # noqa: E402
 from transientvod.testbed import cluster  # noqa: E402
 from transientvod.testbed.rehearsal import Rehearsal  # noqa: E402
 
@@ -49,6 +56,7 @@ OPTIMIZER = {"lr": 0.1, "warmup_steps": 100, "schedule": "cosine"}
 # in every row alike, so that a stale row's rate is the stale exchange's.
 MEASURED_FROM_STEP = OPTIMIZER["warmup_steps"] + 50
 UNSHAPED_COST = 0.10
+PAYLOAD_BYTES = {"none": 4, "fp16": 2, "int8": 1}  # per gradient element on the wire
 
 
 def run_exchange(record, out: str, bandwidth: str, codec: str, staleness: int, steps: int,
@@ -80,6 +88,35 @@ def measure(args) -> dict:
     return results
 
 
+def gradient_elements() -> int:
+    """The exchanged gradient's elements: RESNET32 on the digits (1 channel, 10 classes)."""
+    model = build_model(ModelConfig(depth=RESNET32["depth"], width=RESNET32["width"]), in_channels=1, num_classes=10)
+    return count_parameters(model)
+
+
+def wire_ms(codec: str, hosts: int, bandwidth: str, elements: int) -> float | None:
+    """The least time one step's bytes take on a host's shaped link: the protocol's payload per
+    host and step, 2 (N - 1) / N bytes of it per element (ring allreduce, or alltoall then
+    allgather; no scales, flags or headers), at the tbf rate. None for a rate this does not read."""
+    rate = re.fullmatch(r"(\d+(?:\.\d+)?)(kbit|mbit|gbit)", bandwidth.split("/")[0])
+    if rate is None:
+        return None
+    bits_per_second = float(rate[1]) * {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[rate[2]]
+    sent_bytes = 2 * (hosts - 1) / hosts * PAYLOAD_BYTES[codec] * elements
+    return 1000 * 8 * sent_bytes / bits_per_second
+
+
+def hidable_share(results: dict, bandwidth: str, codec: str, wire: float | None) -> str:
+    """What share staleness can hide at most on this machine: a step is never shorter than its
+    wire time, so (wire time - unshaped step at s=2) stays exposed whatever the exchange does."""
+    if wire is None:
+        return ""
+    unshaped_step = 1000 / results[(UNSHAPED, codec, 2)][0]
+    at_0 = communication_ms(results, bandwidth, codec, 0)
+    most = 1 - max(0.0, wire - unshaped_step) / at_0
+    return f"; at most {most:.0%} here: wire {wire:.0f} ms, unshaped s=2 step {unshaped_step:.0f} ms"
+
+
 def communication_ms(results: dict, bandwidth: str, codec: str, staleness: int) -> float:
     """A step's time at `bandwidth` minus its time unshaped, in ms."""
     shaped, unshaped = results[(bandwidth, codec, staleness)][0], results[(UNSHAPED, codec, staleness)][0]
@@ -108,6 +145,7 @@ def report(results: dict, args) -> None:
         print("(the goals need every exchange and an unshaped run)")
         return
     print("\nGoals:")
+    elements = gradient_elements()
     for bandwidth in shaped:
         none_ms = communication_ms(results, bandwidth, "none", 0)
         for codec, goal in CUT_GOALS.items():
@@ -116,8 +154,10 @@ def report(results: dict, args) -> None:
         for codec in ("none", "fp16", "int8"):
             at_0, at_2 = (communication_ms(results, bandwidth, codec, s) for s in (0, 2))
             hidden = 1 - at_2 / at_0
+            wire = wire_ms(codec, args.hosts, bandwidth, elements)
             verdict(f"{bandwidth}: s=2 hides {hidden:.0%} of {codec}'s communication ({at_0:.0f} -> {at_2:.0f} ms; "
-                    f"goal >= {HIDDEN_GOAL:.0%})", hidden >= HIDDEN_GOAL)
+                    f"goal >= {HIDDEN_GOAL:.0%}{hidable_share(results, bandwidth, codec, wire)})",
+                    hidden >= HIDDEN_GOAL)
             rate_0, rate_2 = (results[(bandwidth, codec, s)][0] for s in (0, 2))
             verdict(f"{bandwidth}: {codec} s=2 {rate_2:.2f} steps/s >= s=0 {rate_0:.2f}", rate_2 >= rate_0)
     reference = results[(UNSHAPED, "none", 0)][1]
