@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testbed import (RESNET32, cpu_ms_per_step, job_config, job_directory, job_env, run_to_end,  # noqa: E402
                      steps_per_second, testbed)
+from transientvod.codecs import payload_bytes  # noqa: E402
 from transientvod.config.schema import ModelConfig  # noqa: E402
 from transientvod.models import build_model, count_parameters  # noqa: E402
 from transientvod.testbed import cluster  # noqa: E402
@@ -56,7 +57,6 @@ OPTIMIZER = {"lr": 0.1, "warmup_steps": 100, "schedule": "cosine"}
 # in every row alike, so that a stale row's rate is the stale exchange's.
 MEASURED_FROM_STEP = OPTIMIZER["warmup_steps"] + 50
 UNSHAPED_COST = 0.10
-PAYLOAD_BYTES = {"none": 4, "fp16": 2, "int8": 1}  # per gradient element on the wire
 
 
 def run_exchange(record, out: str, bandwidth: str, codec: str, staleness: int, steps: int,
@@ -102,7 +102,7 @@ def wire_ms(codec: str, hosts: int, bandwidth: str, elements: int) -> float | No
     if rate is None:
         return None
     bits_per_second = float(rate[1]) * {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[rate[2]]
-    sent_bytes = 2 * (hosts - 1) / hosts * PAYLOAD_BYTES[codec] * elements
+    sent_bytes = 2 * (hosts - 1) / hosts * payload_bytes(codec) * elements
     return 1000 * 8 * sent_bytes / bits_per_second
 
 

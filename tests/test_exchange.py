@@ -11,13 +11,15 @@ import pytest
 import torch
 
 from conftest import explain, run_probe
-from transientvod.codecs import ShardLayout
+from transientvod.codecs import ShardLayout, payload_bytes
 from transientvod.exchange import GradientExchange
 
 CODECS = ("none", "fp16", "bf16", "int8")
 # Worst-case error of the average, as a multiple of the largest gradient magnitude: each
 # sender's rounding (half an ulp or half a scale) and the owner's rounding of the average.
 BOUNDS = {"none": 1e-6, "fp16": 2.0 ** -10, "bf16": 2.0 ** -8, "int8": 2.0 / 127}
+# Written out here, not read from transientvod.codecs.payload_bytes: the byte tests check the
+# product against the protocol, so the expected figures must not come from the product.
 PAYLOAD_BYTES = {"fp16": 2, "bf16": 2, "int8": 1}
 CHECKS_BY_WORLD = {
     2: ("bitident", "average", "stale", "stale_from", "nan", "buckets", "switch", "drain", "lost_peer", "bytes",
@@ -55,6 +57,12 @@ def test_bad_exchange_input_is_one_sentence_naming_the_key(options, key):
         _exchange(**options)
     message = str(raised.value)
     assert message.startswith(key + " is ") and message.count(". ") == 0 and message.endswith("."), message
+
+
+def test_payload_bytes_are_each_codecs_element_width_and_an_unknown_codec_is_named():
+    assert {codec: payload_bytes(codec) for codec in CODECS} == {"none": 4, **PAYLOAD_BYTES}
+    with pytest.raises(ValueError, match=r"^exchange.codec is 'int4'; it must be one of"):
+        payload_bytes("int4")
 
 
 def test_block_is_not_checked_for_codecs_without_blocks():

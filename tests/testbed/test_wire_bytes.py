@@ -24,6 +24,7 @@ from transientvod.worker_env import worker_environment
 
 pytestmark = [require_testbed(), pytest.mark.slow]
 
+# The protocol's widths, written out rather than read from the product (this is its check).
 PAYLOAD_BYTES = {"none": 4, "fp16": 2, "bf16": 2, "int8": 1}
 # What a link carries beyond the payload: Ethernet, IP and TCP headers on every segment (veth
 # sends 64 KB segments, so under 1 %), the receivers' ACKs, Gloo's message headers, Horovod's

@@ -24,7 +24,7 @@ from transientvod.codecs.transfer import Transfer
 from transientvod.codecs.wire import Wire
 from transientvod.config import CODECS, INT8_BLOCK_MAX, INT8_BLOCK_MIN
 
-__all__ = ["Fp32Allreduce", "ScatterReduce", "ShardLayout", "Transfer", "Wire", "check_codec", "make_codec"]
+__all__ = ["Fp32Allreduce", "ScatterReduce", "ShardLayout", "Transfer", "Wire", "check_codec", "make_codec", "payload_bytes"]
 
 
 def check_codec(name: str, block: int) -> None:
@@ -36,6 +36,13 @@ def check_codec(name: str, block: int) -> None:
                    or not INT8_BLOCK_MIN <= block <= INT8_BLOCK_MAX):
         raise ValueError(f"exchange.block is {block!r}; the int8 kernels take blocks of "
                          f"{INT8_BLOCK_MIN} to {INT8_BLOCK_MAX} elements.")
+
+
+def payload_bytes(name: str) -> int:
+    """Bytes per gradient element in what a codec sends, scales, flags and headers aside: what
+    the benchmark's wire-time bound multiplies (`none` moves fp32, the others their payload)."""
+    check_codec(name, INT8_BLOCK_MIN)
+    return (torch.float32 if name == "none" else FORMATS[name].payload).itemsize
 
 
 def make_codec(name: str, numel: int, device: torch.device, block: int = 512):
