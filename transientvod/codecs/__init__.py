@@ -24,7 +24,8 @@ from transientvod.codecs.transfer import Transfer
 from transientvod.codecs.wire import Wire
 from transientvod.config import CODECS, INT8_BLOCK_MAX, INT8_BLOCK_MIN
 
-__all__ = ["Fp32Allreduce", "ScatterReduce", "ShardLayout", "Transfer", "Wire", "check_codec", "make_codec", "payload_bytes"]
+__all__ = ["Fp32Allreduce", "ScatterReduce", "ShardLayout", "Transfer", "Wire", "check_codec", "make_codec",
+           "payload_bytes"]
 
 
 def check_codec(name: str, block: int) -> None:
