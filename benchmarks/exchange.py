@@ -60,13 +60,13 @@ UNSHAPED_COST = 0.10
 
 
 def run_exchange(record, out: str, bandwidth: str, codec: str, staleness: int, steps: int,
-                 step_seconds: float) -> tuple[float, float, float]:
+                 step_seconds: float, seed: int) -> tuple[float, float, float]:
     """One job: (steps/s, final test accuracy, rank 0's CPU ms per step)."""
     exchange = {"codec": codec, "staleness": staleness, "compress_after": 0.0}
     link = bandwidth.replace("/", "-q")  # 25mbit/400ms: a rate and tbf's queue
     with job_directory(out, f"exchange-{link}-{codec}-s{staleness}") as directory:
         config = job_config(model=RESNET32, exchange=exchange, optimizer=OPTIMIZER,
-                            train={"steps": steps, "commit_every": 50, "checkpoint_every": steps},
+                            train={"steps": steps, "commit_every": 50, "checkpoint_every": steps, "seed": seed},
                             cluster={"min_np": len(record.layout.hosts), "max_np": len(record.layout.hosts)})
         job = Rehearsal(record, directory, "exchange", config)
         run_to_end(job, job.cloud_hosts(), job_env(step_seconds), timeout=max(1800, steps * 3))
@@ -81,7 +81,7 @@ def measure(args) -> dict:
         with testbed("tvdxchg", args.hosts, "" if bandwidth == UNSHAPED else bandwidth) as record:
             for codec, staleness in args.exchanges:
                 rate, accuracy, cpu_ms = run_exchange(record, args.out, bandwidth, codec, staleness, args.steps,
-                                                      args.step_seconds)
+                                                      args.step_seconds, args.seed)
                 results[(bandwidth, codec, staleness)] = (rate, accuracy, cpu_ms)
                 print(f"{bandwidth} {codec} s={staleness}: {rate:.2f} steps/s, accuracy {100 * accuracy:.2f} %, "
                       f"rank 0 {cpu_ms:.0f} CPU ms/step", flush=True)
@@ -127,7 +127,7 @@ def report(results: dict, args) -> None:
     bandwidths = args.bandwidths.split(",")
     shaped = [b for b in bandwidths if b != UNSHAPED]
     print(f"\nResNet-32, {args.hosts} hosts, batch 16/worker, {args.steps} steps per run, "
-          f"{1000 * args.step_seconds:.0f} ms of sleep per step; steps/s, and communication ms/step "
+          f"{1000 * args.step_seconds:.0f} ms of sleep per step, seed {args.seed}; steps/s, and communication ms/step "
           f"(step time shaped - unshaped), rank 0's CPU ms/step at {bandwidths[0]}")
     rate_width = max(len(b) for b in bandwidths) + 2  # 25mbit/400ms is wider than a rate
     comm_width = rate_width + 5
@@ -184,6 +184,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--step-seconds", type=float, default=0.0,
                         help="sleep per step on every rank, a stand-in for accelerator time")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the jobs' train.seed (initial weights, batch order): a second seed tells a real "
+                             "accuracy difference from one run's luck")
     parser.add_argument("--out", default="runs/exchange-bench", help="keep each job's directory here ('' to not)")
     parser.add_argument("--exchanges", default=",".join(f"{c}:{s}" for c, s in EXCHANGES),
                         help="codec:staleness pairs, comma-separated (the goals need all six)")
