@@ -7,7 +7,10 @@ the CPU seconds its process (every thread) spent per second of each wait:
 - spin: Horovod's own `synchronize` (the control: it spins);
 - wait: horovod_wait.wait on an async allreduce;
 - optimizer: hvd.DistributedOptimizer's allreduces, started by backward's hooks, waited for
-  with horovod_wait.wait_for_distributed_optimizer before its step().
+  with horovod_wait.wait_for_distributed_optimizer before its step();
+- evaluate: train.evaluate (a broadcast of rank 0's BatchNorm statistics, an allreduce of
+  the counts);
+- broadcast: horovod_wait.broadcast_parameters (the elastic state's extra broadcast).
 Each rank also reports what it received, so the test checks the results as well.
 """
 from __future__ import annotations
@@ -19,7 +22,9 @@ import torch
 
 import horovod.torch as hvd
 
-from transientvod.horovod_wait import wait, wait_for_distributed_optimizer
+from transientvod.data import Dataset
+from transientvod.horovod_wait import broadcast_parameters, wait, wait_for_distributed_optimizer
+from transientvod.train import count_correct, evaluate
 
 LATE_SECONDS = 2.0
 
@@ -59,6 +64,24 @@ def main() -> None:
     before = model.weight.detach().clone()
     optimizer.step()
     report["optimizer_update"] = (before - model.weight.detach()).flatten().tolist()  # lr 1: the average
+
+    # The same weights on every rank, but each rank's own BatchNorm statistics: evaluate must
+    # score rank 0's model on every rank.
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8),
+                              torch.nn.Linear(8, 2))
+    net(torch.randn(64, 1, 2, 2) * (1 + 3 * hvd.rank()) + hvd.rank())
+    images, labels = torch.randn(200, 1, 2, 2), torch.randint(0, 2, (200,))
+    data = Dataset("probe", images, labels, images, labels, num_classes=2)
+    if hvd.rank() == 0:
+        report["rank0_alone"] = count_correct(net, images, labels, torch.device("cpu")) / len(labels)
+    late()
+    report["accuracy"], report["evaluate_cpu"] = timed(lambda: evaluate(net, data, torch.device("cpu")))
+
+    state = {"b": torch.full((1000,), float(hvd.rank() + 1)), "a": torch.arange(3) * (hvd.rank() + 1)}
+    late()
+    _, report["broadcast_cpu"] = timed(lambda: broadcast_parameters(state, root_rank=0))
+    report["broadcast"] = [state["a"].tolist(), state["b"].unique().tolist()]
     print(json.dumps(report), flush=True)
 
 

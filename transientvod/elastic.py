@@ -30,7 +30,7 @@ import horovod.torch as hvd
 from horovod.common.exceptions import HostsUpdatedInterrupt
 from horovod.torch.elastic import ElasticSampler, TorchState
 
-from transientvod.horovod_wait import wait
+from transientvod.horovod_wait import broadcast_parameters, wait
 
 log = logging.getLogger(__name__)
 
@@ -326,8 +326,9 @@ class TransientState(TorchState):
         # Horovod's broadcast_optimizer_state gives a *new* worker's empty optimizer its state
         # by taking one step with zero gradients, after the model was broadcast; with weight
         # decay (or any step that moves parameters) that step leaves the new rank's parameters
-        # different from everyone else's for the rest of the run. Broadcast them once more.
-        hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+        # different from everyone else's for the rest of the run. Broadcast them once more
+        # (waited for without spinning, horovod_wait.py).
+        broadcast_parameters(self.model.state_dict(), root_rank=0)
 
     def on_hosts_updated(self, timestamp, update_res):
         # Called from Horovod's notification thread when discovery changed. The interrupt

@@ -35,6 +35,12 @@ def wait(handles: list[int]) -> list:
     return [hvd.synchronize(handle) for handle in handles]
 
 
+def broadcast_parameters(state: dict, root_rank: int) -> None:
+    """`hvd.broadcast_parameters(state, root_rank)` for a state dict, waited for politely:
+    the same in-place broadcasts under the same names (the sorted keys)."""
+    wait_until_done([hvd.broadcast_async_(tensor, root_rank, name) for name, tensor in sorted(state.items())])
+
+
 def wait_for_distributed_optimizer(optimizer) -> None:
     """Wait politely for the allreduces that hvd.DistributedOptimizer's hooks started during
     backward, so that its `step()` (which synchronizes each) finds them done. Its handles

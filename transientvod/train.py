@@ -50,6 +50,7 @@ from transientvod.data import DataError, Dataset, load_dataset
 from transientvod.elastic import (CommitPolicy, CommitVote, LearningRateRule, ShardSampler, StalenessRule,
                                   TransientState, bound_collective_waits, network_address)
 from transientvod.exchange import GradientExchange, SynchronousStep
+from transientvod.horovod_wait import wait
 from transientvod.job_channel import TOKEN_ENV, ChannelError, ChannelRecord, LocalRecord, fetch_config, is_channel_url
 from transientvod.models import build_model
 from transientvod.remote_hosts import RemoteHostsError, check_marker_seen
@@ -154,7 +155,8 @@ def share_buffers(model: torch.nn.Module) -> None:
         by_dtype.setdefault(buffer.dtype, []).append(buffer)
     for dtype, buffers in sorted(by_dtype.items(), key=lambda item: str(item[0])):
         flat = torch.cat([b.detach().reshape(-1).cpu() for b in buffers])
-        flat = hvd.broadcast(flat, root_rank=0, name=f"transientvod.eval.buffers.{str(dtype).split('.')[-1]}")
+        name = f"transientvod.eval.buffers.{str(dtype).split('.')[-1]}"
+        flat = wait([hvd.broadcast_async(flat, root_rank=0, name=name)])[0]
         for buffer, part in zip(buffers, torch.split(flat, [b.numel() for b in buffers])):
             buffer.copy_(part.view_as(buffer))
 
@@ -172,9 +174,10 @@ def evaluate(model: torch.nn.Module, data: Dataset, device: torch.device) -> flo
     part = evaluation_slice(len(data.test_y), hvd.rank(), hvd.size())
     correct = count_correct(model, data.test_x[part], data.test_y[part], device)
     counted = part.stop - part.start
-    # float64 holds any count up to 2^53 exactly.
-    totals = hvd.allreduce(torch.tensor([correct, counted], dtype=torch.float64), op=hvd.Sum,
-                           name="transientvod.eval.counts")
+    # float64 holds any count up to 2^53 exactly. Ranks that score their slice sooner wait
+    # here for the slowest without spinning (horovod_wait.py).
+    totals = wait([hvd.allreduce_async(torch.tensor([correct, counted], dtype=torch.float64), op=hvd.Sum,
+                                       name="transientvod.eval.counts")])[0]
     return totals[0].item() / totals[1].item()
 
 
