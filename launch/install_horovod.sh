@@ -16,8 +16,10 @@
 # the ring cannot form); HOROVOD_GLOO_OP_TIMEOUT_SECONDS bounds collectives apart from the
 # rendezvous; horovodrun's ssh sends keepalives, so a vanished host is noticed in seconds; and
 # the elastic driver's message to a vanished coordinator neither waits minutes nor holds its lock;
-# and the rendezvous server and the workers' notification services listen on the one address
-# their peers are told to use (loopback for a job on this machine), not on every interface.
+# the rendezvous server and the workers' notification services listen on the one address
+# their peers are told to use (loopback for a job on this machine), not on every interface;
+# and `hvd.synchronize` (every blocking op: allreduce, broadcast_object, the elastic state's
+# sync) sleeps between polls instead of keeping a core busy while it waits for a peer.
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1

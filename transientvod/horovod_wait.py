@@ -10,6 +10,12 @@ with its peers once a millisecond, HOROVOD_CYCLE_TIME). Where workers share core
 slots on one host, or the testbed's namespaced hosts) the spin takes the CPU from the very
 ranks the spinner waits for. The sleep adds at most POLL_SECONDS to a wait, less than the
 background thread's own cycle.
+
+Our Horovod build (launch/horovod-0.28.1-transient.patch) now sleeps the same way inside
+`synchronize`, so Horovod's own blocking calls (hvd.allreduce, broadcast_object, the elastic
+state's sync and each commit's host-update check) no longer spin either. This module stays:
+the exchange does work between polls (it moves every step in flight on), and the job's own
+waits stay polite on a Horovod built without the patch.
 """
 from __future__ import annotations
 
