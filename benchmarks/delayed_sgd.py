@@ -8,9 +8,10 @@ synchronous training on the digits at 1,000 steps. A testbed run costs minutes p
 replays the same arithmetic in one process, 1-3 minutes per run on one core: ResNet-32, 4
 workers of 16 images, each worker's forward on its own batch (its own BatchNorm statistics;
 rank 0's running statistics are kept, as the job's evaluation uses rank 0's), the gradients
-averaged, and the product's rules (`LearningRateRule`, `StalenessRule`: lr 0.1 per worker x 4
-after 100 warm-up steps, cosine to 0, momentum 0.9, weight decay 5e-4, the first 100 steps
-synchronous). A step's gradient is applied s steps later, as `GradientExchange` does with codec
+averaged, and the product's defaults and rules (`OptimizerConfig`, `LearningRateRule`,
+`StalenessRule`: lr 0.1 per worker x 4 after 100 warm-up steps, cosine to 0, momentum 0.9,
+weight decay 5e-4, the first 100 steps synchronous). The batches are drawn in another order
+than the job's sampler draws them, so seed N here is not the testbed's seed N. A step's gradient is applied s steps later, as `GradientExchange` does with codec
 `none`, and the last s at the end. The variants change only what happens while stale:
 
 - sync: staleness 0 throughout (the baseline);
@@ -39,13 +40,15 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from transientvod.config.schema import ModelConfig  # noqa: E402
+from transientvod.config.schema import ModelConfig, OptimizerConfig  # noqa: E402
 from transientvod.data import load_digits_dataset  # noqa: E402
 from transientvod.elastic import LearningRateRule, StalenessRule  # noqa: E402
 from transientvod.models import build_model  # noqa: E402
+from transientvod.train import count_correct  # noqa: E402
 
 VARIANTS = ("sync", "rule", "tail", "dc", "lrx2", "m=0.5")
-WORKERS, BATCH, LR, WARMUP, MOMENTUM, WEIGHT_DECAY = 4, 16, 0.1, 100, 0.9, 5e-4
+WORKERS, BATCH = 4, 16  # benchmarks/exchange.py's job
+DEFAULTS = OptimizerConfig()  # the product's: lr, momentum, weight decay, warm-up, schedule
 TAIL_FRACTION, DC_LAMBDA = 0.1, 0.5
 
 
@@ -55,17 +58,18 @@ def train_one(variant: str, seed: int, steps: int, staleness: int) -> dict:
     data = load_digits_dataset()
     model = build_model(ModelConfig(), data.in_channels, data.num_classes)
     params = list(model.parameters())
-    optimizer = torch.optim.SGD(params, lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
-    lr_rule = LearningRateRule(LR, "linear", WARMUP, "cosine", steps)
+    optimizer = torch.optim.SGD(params, lr=DEFAULTS.lr, momentum=DEFAULTS.momentum,
+                                weight_decay=DEFAULTS.weight_decay)
+    lr_rule = LearningRateRule(DEFAULTS.lr, DEFAULTS.lr_scaling, DEFAULTS.warmup_steps, DEFAULTS.schedule, steps)
     ramp = lr_rule.start_ramp(WORKERS, 0)
-    rule = StalenessRule(0 if variant == "sync" else staleness, MOMENTUM, True, WARMUP)
+    rule = StalenessRule(0 if variant == "sync" else staleness, DEFAULTS.momentum, True, DEFAULTS.warmup_steps)
     sync_from = steps - int(TAIL_FRACTION * steps) if variant == "tail" else steps
 
     def stale(step: int) -> bool:
         return rule.delay(step) > 0 and step < sync_from
 
     def apply(grads: list, then: list | None, step: int) -> None:
-        lr, momentum = lr_rule.lr(ramp, step), MOMENTUM
+        lr, momentum = lr_rule.lr(ramp, step), DEFAULTS.momentum
         if stale(step):
             momentum = rule.momentum_at(step)
             if variant == "lrx2":
@@ -86,7 +90,7 @@ def train_one(variant: str, seed: int, steps: int, staleness: int) -> dict:
     in_flight: deque = deque()
     rank0_losses = []
     for step in range(steps):
-        if position + per_step > samples:  # a new epoch; the remainder is dropped, as the sampler does
+        if position + per_step > samples:  # a new epoch; the remainder (under 64 images) is dropped
             order, position = torch.randperm(samples, generator=generator), 0
         batch = order[position:position + per_step]
         position += per_step
@@ -106,16 +110,13 @@ def train_one(variant: str, seed: int, steps: int, staleness: int) -> dict:
             for buffer, kept in zip(model.buffers(), rank0_buffers):
                 buffer.copy_(kept)
         in_flight.append((grads, [p.detach().clone() for p in params] if variant == "dc" else None))
-        if step == sync_from:  # back to synchronous: what is in flight first, oldest first
-            while len(in_flight) > 1:
-                apply(*in_flight.popleft(), step)
+        # Back to synchronous at sync_from (tail): everything in flight, oldest first.
         while len(in_flight) > (staleness if stale(step) else 0):
             apply(*in_flight.popleft(), step)
     while in_flight:  # the end: the last s steps, at the last step's rate (GradientExchange.drain)
         apply(*in_flight.popleft(), steps - 1)
-    model.eval()
     with torch.no_grad():
-        accuracy = (model(data.test_x).argmax(1) == data.test_y).float().mean().item()
+        accuracy = count_correct(model, data.test_x, data.test_y, torch.device("cpu")) / len(data.test_y)
     return {"variant": variant, "seed": seed, "accuracy": 100 * accuracy,
             "last_loss": sum(rank0_losses[-50:]) / len(rank0_losses[-50:])}
 
@@ -144,17 +145,6 @@ def report(results: list[dict], variants: list[str], seeds: list[int], staleness
     print("loss  " + "".join(f"{losses[v]:8.4f}" for v in variants) + "   (rank 0, mean of the last 50 steps)")
 
 
-def parse_list(text: str, item, name: str, allowed=None) -> list:
-    try:
-        values = [item(part) for part in text.split(",") if part]
-    except ValueError:
-        sys.exit(f"{name} is {text!r}; give a comma-separated list of whole numbers.")
-    for value in values:
-        if allowed is not None and value not in allowed:
-            sys.exit(f"{name} has {value!r}; the variants are {', '.join(allowed)}.")
-    return values
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--variants", default=",".join(VARIANTS))
@@ -164,13 +154,19 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="runs at once (each uses one core)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child process: one variant, the first seed
     args = parser.parse_args()
-    if args.steps <= WARMUP or args.staleness < 1 or args.jobs < 1:
-        sys.exit(f"--steps must exceed the {WARMUP} synchronous warm-up steps, --staleness and --jobs be at least 1.")
-    seeds = parse_list(args.seeds, int, "--seeds")
+    if args.steps <= DEFAULTS.warmup_steps or args.staleness < 1 or args.jobs < 1:
+        sys.exit(f"--steps must exceed the {DEFAULTS.warmup_steps} synchronous warm-up steps, --staleness and --jobs be at least 1.")
+    try:
+        seeds = [int(part) for part in args.seeds.split(",") if part]
+    except ValueError:
+        sys.exit(f"--seeds is {args.seeds!r}; give a comma-separated list of whole numbers.")
     if args.one:
         print(json.dumps(train_one(args.one, seeds[0], args.steps, args.staleness)))
         return
-    variants = parse_list(args.variants, str, "--variants", VARIANTS)
+    variants = [part for part in args.variants.split(",") if part]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        sys.exit(f"--variants has {', '.join(unknown)}; the variants are {', '.join(VARIANTS)}.")
     cases = [(v, s) for s in seeds for v in variants]
     with ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda case: run_in_process(*case, args), cases))
