@@ -78,7 +78,7 @@ def measure(args) -> dict:
     """(bandwidth, codec, staleness) -> (steps/s, accuracy, CPU ms/step); one testbed per bandwidth."""
     results = {}
     for bandwidth in args.bandwidths.split(","):
-        with testbed("tvdxchg", args.hosts, "" if bandwidth == UNSHAPED else bandwidth) as record:
+        with testbed("tvdxchg", args.hosts, "" if bandwidth == UNSHAPED else bandwidth, args.congestion) as record:
             for codec, staleness in args.exchanges:
                 rate, accuracy, cpu_ms = run_exchange(record, args.out, bandwidth, codec, staleness, args.steps,
                                                       args.step_seconds, args.seed)
@@ -127,7 +127,8 @@ def report(results: dict, args) -> None:
     bandwidths = args.bandwidths.split(",")
     shaped = [b for b in bandwidths if b != UNSHAPED]
     print(f"\nResNet-32, {args.hosts} hosts, batch 16/worker, {args.steps} steps per run, "
-          f"{1000 * args.step_seconds:.0f} ms of sleep per step, seed {args.seed}; steps/s, and communication ms/step "
+          f"{1000 * args.step_seconds:.0f} ms of sleep per step, seed {args.seed}, TCP congestion control "
+          f"{args.congestion or current_congestion_control()}; steps/s, and communication ms/step "
           f"(step time shaped - unshaped), rank 0's CPU ms/step at {bandwidths[0]}")
     rate_width = max(len(b) for b in bandwidths) + 2  # 25mbit/400ms is wider than a rate
     comm_width = rate_width + 5
@@ -171,6 +172,14 @@ def report(results: dict, args) -> None:
                     f"{UNSHAPED_COST:.0%})", cost <= UNSHAPED_COST)
 
 
+def current_congestion_control() -> str:
+    """This machine's default, which testbed machines inherit unless --congestion names one."""
+    try:
+        return Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip() + " (this machine's)"
+    except OSError:
+        return "unknown (this machine's)"
+
+
 def verdict(text: str, met: bool) -> None:
     print(f"  {'met    ' if met else 'NOT MET'} {text}")
 
@@ -181,6 +190,9 @@ def main() -> None:
     parser.add_argument("--bandwidths", default=f"{UNSHAPED},100mbit,25mbit",
                         help=f"'{UNSHAPED}' and tc rates (RATE or RATE/QUEUE, e.g. 25mbit/400ms), comma-separated; "
                              f"the goals need '{UNSHAPED}'")
+    parser.add_argument("--congestion", default="",
+                        help="every testbed machine's TCP congestion control (cubic, bbr); default: this machine's. "
+                             "At 25mbit/400ms it decides how much of the link the ring allreduce uses (README)")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--step-seconds", type=float, default=0.0,
                         help="sleep per step on every rank, a stand-in for accelerator time")

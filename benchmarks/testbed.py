@@ -95,8 +95,8 @@ def hogs_running(count: int, seconds: float):
 
 
 @contextlib.contextmanager
-def testbed(name: str, hosts: int, bandwidth: str):
-    record = cluster.up(name, hosts, bandwidth)
+def testbed(name: str, hosts: int, bandwidth: str, congestion: str = ""):
+    record = cluster.up(name, hosts, bandwidth, congestion=congestion)
     try:
         yield record
     finally:

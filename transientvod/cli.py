@@ -305,11 +305,12 @@ def cmd_testbed(args) -> int:
     from transientvod.testbed import cluster
 
     if args.action == "up":
-        record = cluster.up(args.name, args.hosts, args.bandwidth, tuple(args.private_disk))
+        record = cluster.up(args.name, args.hosts, args.bandwidth, tuple(args.private_disk), args.congestion)
         layout = record.layout
         print(f"testbed {layout.name}: head {layout.head.name} ({layout.head.address}), hosts "
               + ", ".join(f"{h.name} ({h.address})" for h in layout.hosts)
               + (f"; each host's egress shaped to {layout.bandwidth}" if layout.bandwidth else "; links unshaped")
+              + (f"; TCP congestion control {layout.congestion}" if layout.congestion else "")
               + private_disk_words(record.private_disk)
               + f". Run commands on the head with: transientvod testbed exec --name {layout.name} -- COMMAND")
     elif args.action == "down":
@@ -317,7 +318,7 @@ def cmd_testbed(args) -> int:
         print(f"testbed {args.name}: removed")
     elif args.action == "status":
         rows = cluster.status(args.name)
-        columns = ("host", "address", "condition", "link", "sshd", "shaping")
+        columns = ("host", "address", "condition", "link", "sshd", "shaping", "congestion")
         widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
         for row in [dict(zip(columns, columns))] + rows:
             print("  ".join(str(row[c]).ljust(widths[c]) for c in columns).rstrip())
@@ -496,6 +497,9 @@ def build_parser() -> argparse.ArgumentParser:
             verb.add_argument("--bandwidth", default="",
                               help="each host's egress rate, for example 100mbit; RATE/QUEUE sets how long a packet "
                                    "may wait in tbf's queue before it is dropped (default 50ms), e.g. 25mbit/400ms")
+            verb.add_argument("--congestion", default="",
+                              help="every machine's TCP congestion control, for example cubic or bbr (default: "
+                                   "this machine's, net.ipv4.tcp_congestion_control)")
             verb.add_argument("--private-disk", action="append", default=[], metavar="DIR",
                               help="each host gets an empty DIR of its own, seen by no other host nor the head, as "
                                    "VMs that share no file system (repeatable; made if missing)")

@@ -42,6 +42,8 @@ def one_sentence(done: subprocess.CompletedProcess) -> str:
     (["up", "--hosts", "65"], "--hosts is 65; a testbed has between 2 and 64 hosts."),
     (["up", "--bandwidth", "fast"], "the bandwidth 'fast' is not a rate tc understands"),
     (["up", "--bandwidth", "25mbit/deep"], "the queue in '25mbit/deep' is not a time tc understands; give RATE/QUEUE"),
+    (["up", "--congestion", "Bad!"], "--congestion is 'Bad!'; give the name of a TCP congestion control such as"),
+    (["up", "--congestion", "nosuchcc"], "--congestion is 'nosuchcc'; this kernel offers "),
     (["down"], "is up; start one with"),
     (["status"], "is up; start one with"),
     (["vanish", "tvd-h1"], "is up; start one with"),
@@ -90,7 +92,7 @@ def test_up_status_vanish_restore_kill_down(tmp_path):
         status = run_testbed_cli("status", "--name", name)
         assert status.returncode == 0, status.stderr
         rows = {line.split()[0]: line.split() for line in status.stdout.splitlines()[1:]}
-        assert rows[h2.name] == [h2.name, h2.address, "up", "up", "running", "50Mbit/400ms"]
+        assert rows[h2.name] == [h2.name, h2.address, "up", "up", "running", "50Mbit/400ms", "default"]
 
         run_testbed_cli("vanish", "--name", name, h2.name).check_returncode()
         row = {r["host"]: r for r in cluster.status(name)}[h2.name]
@@ -236,6 +238,56 @@ with socket.create_connection((sys.argv[1], 5999)) as conn:
 """
 
 
+def test_congestion_control_is_every_machines_and_comes_back_with_a_restored_host():
+    # A control other than this machine's default, so that a connection using it shows the
+    # testbed's doing. Both ends are checked: the side that accepts takes it from its route too.
+    default = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    available = Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
+    other = next((a for a in ("reno", "cubic", "bbr") if a != default and a in available), None)
+    if other is None:
+        pytest.skip(f"this kernel offers no congestion control besides its default ({', '.join(available)})")
+    name = new_testbed_name()
+    cluster.up(name, 2, congestion=other)
+    try:
+        sender, receiver = load_record(name).layout.hosts
+        assert connection_congestion(sender.name, receiver.name, receiver.address) == (other, other)
+        # Its link going down and up again makes the kernel re-create the subnet's route, without
+        # the congestion control: restore must set it again.
+        cluster.vanish(name, receiver.name)
+        cluster.restore(name, receiver.name)
+        assert connection_congestion(sender.name, receiver.name, receiver.address) == (other, other)
+        assert [row["congestion"] for row in cluster.status(name)] == [other, other]
+    finally:
+        cluster.down(name)
+    assert leftovers(name) == []
+
+
+def connection_congestion(sender_ns: str, receiver_ns: str, receiver_address: str) -> tuple[str, str]:
+    """The congestion control of one TCP connection from sender to receiver, as each end sees it."""
+    receiver = subprocess.Popen(["ip", "netns", "exec", receiver_ns, sys.executable, "-c", CONGESTION_OF_ACCEPTED,
+                                 receiver_address], stdout=subprocess.PIPE, text=True)
+    time.sleep(0.5)  # the listener binds
+    sent = subprocess.run(["ip", "netns", "exec", sender_ns, sys.executable, "-c", CONGESTION_OF_CONNECTED,
+                           receiver_address], capture_output=True, text=True, timeout=60, check=True)
+    accepted, _ = receiver.communicate(timeout=60)
+    return sent.stdout.strip(), accepted.strip()
+
+
+CONGESTION_OF_ACCEPTED = """
+import socket, sys
+server = socket.create_server((sys.argv[1], 5998))
+conn, _ = server.accept()
+print(conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\\0").decode())
+conn.recv(1)
+"""
+CONGESTION_OF_CONNECTED = """
+import socket, sys
+with socket.create_connection((sys.argv[1], 5998)) as conn:
+    print(conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\\0").decode())
+    conn.sendall(b"x")
+"""
+
+
 def test_down_after_a_crashed_up_removes_what_was_made(monkeypatch):
     # up dies after the switch and the first machines exist: the record already lists them.
     name = new_testbed_name()
@@ -278,6 +330,8 @@ def test_a_link_is_a_rate_and_a_queue_of_50_ms_unless_given():
         link_shape("/400ms")
     with pytest.raises(TestbedError, match="the queue in '25mbit/0ms'"):
         plan("tvd", 2, "25mbit/0ms")
+    assert plan("tvd", 2, "25mbit", "cubic").congestion == "cubic"
+    assert plan("tvd", 2).congestion == ""  # this machine's default
 
 
 def test_down_leaves_sshds_privilege_directory_to_a_testbed_still_up():

@@ -46,15 +46,19 @@ def preflight() -> None:
         network.delete_namespace(probe)
 
 
-def up(name: str = DEFAULT_NAME, hosts: int = 3, bandwidth: str = "", private_disk: tuple[str, ...] = ()) -> Record:
+def up(name: str = DEFAULT_NAME, hosts: int = 3, bandwidth: str = "", private_disk: tuple[str, ...] = (),
+       congestion: str = "") -> Record:
     """Make the head and the hosts; each host gets its own empty tmpfs over every private_disk
-    directory (the head keeps this machine's)."""
-    layout = plan(name, hosts, bandwidth)
+    directory (the head keeps this machine's). `congestion`: every machine's TCP congestion
+    control, "" for this machine's default."""
+    layout = plan(name, hosts, bandwidth, congestion)
     existing = load_record(name)
     if existing is not None:
         raise TestbedError(f"a testbed named {name!r} is already up ({len(existing.layout.hosts)} hosts); "
                            f"run 'transientvod testbed down' first, or choose another --name.")
     preflight()
+    if congestion:
+        network.check_congestion(congestion)
     taken = [ns for ns in [layout.switch] + [m.name for m in layout.machines] if network.namespace_exists(ns)]
     if taken:
         raise TestbedError(f"the network namespace {taken[0]} already exists and is not this testbed's; "
@@ -80,6 +84,8 @@ def _build(layout: Layout, directory: Path, private_disk: list[str]) -> None:
         netns_dir = Path(f"/etc/netns/{machine.name}")
         netns_dir.mkdir(parents=True, exist_ok=True)
         (netns_dir / "hosts").write_text(hosts_file(layout, machine))
+        if layout.congestion:
+            network.set_congestion(machine, layout.congestion)
     if layout.bandwidth:
         for host in layout.hosts:
             network.shape(host.name, layout.bandwidth)
@@ -150,6 +156,7 @@ def status(name: str = DEFAULT_NAME) -> list[dict]:
             "link": ("up" if network.link_is_up(host.name) else "down") if exists else "missing",
             "sshd": sshd.process_state(pid) if pid else "gone",
             "shaping": network.shaping(host.name) if exists else "-",
+            "congestion": network.congestion(host.name) if exists else "-",
         })
     return rows
 
@@ -176,6 +183,8 @@ def restore(name: str, host_name: str) -> None:
     network.set_link(host.name, up=True)
     if record.bandwidth:
         network.shape(host.name, record.bandwidth)
+    if record.congestion:
+        network.set_congestion(host, record.congestion)  # the link's return re-made the route without it
     sshd.start(record.directory, host, record.private_disk)  # a new VM: its private disk empty again
     _set_condition(record, host.name, "up")
 

@@ -1,4 +1,5 @@
-"""Namespaces, veth pairs, the switch, link state and shaping: thin wrappers over `ip` and `tc`.
+"""Namespaces, veth pairs, the switch, link state, shaping and TCP's congestion control: thin
+wrappers over `ip` and `tc`.
 
 Each veth pair is created with its ends already in their namespaces (the machine's `eth0`
 and the switch port), so nothing ever appears in this machine's own namespace.
@@ -11,9 +12,10 @@ import subprocess
 import time
 
 from transientvod.testbed import TestbedError
-from transientvod.testbed.layout import INTERFACE, Layout, Machine, link_shape, tbf_burst_bytes
+from transientvod.testbed.layout import INTERFACE, SUBNET, Layout, Machine, link_shape, tbf_burst_bytes
 
 BRIDGE = "br0"
+AVAILABLE_CONGESTION = "/proc/sys/net/ipv4/tcp_available_congestion_control"
 
 
 def run(argv: list[str], what: str) -> str:
@@ -69,6 +71,42 @@ def shape(namespace: str, bandwidth: str) -> None:
     run(["tc", "-n", namespace, "qdisc", "replace", "dev", INTERFACE, "root", "tbf", "rate", rate,
          "burst", str(tbf_burst_bytes(rate)), "latency", queue],
         f"shape {namespace} to {rate} (tc rejected it; give a rate such as 100mbit or 1gbit)")
+
+
+def available_congestion_controls() -> list[str]:
+    try:
+        with open(AVAILABLE_CONGESTION) as f:
+            return f.read().split()
+    except OSError:
+        return []
+
+
+def check_congestion(algorithm: str) -> None:
+    """One sentence if this kernel lacks the congestion control (tcp_<name> not loaded)."""
+    available = available_congestion_controls()
+    if algorithm not in available:
+        raise TestbedError(f"--congestion is {algorithm!r}; this kernel offers {', '.join(available) or 'none'} "
+                           f"({AVAILABLE_CONGESTION}; modprobe tcp_{algorithm} adds it where the module exists).")
+
+
+def set_congestion(machine: Machine, algorithm: str) -> None:
+    """Every TCP connection the machine makes or accepts on the testbed's subnet uses `algorithm`.
+
+    Set on the subnet's route (`congctl`), not with the namespace's sysctl: outside the first
+    namespace the kernel lets the sysctl choose only from net.ipv4.tcp_allowed_congestion_control,
+    a setting of the whole machine, while a route may name any congestion control the kernel
+    has. The kernel re-creates the route without it whenever the link comes up again, so the
+    testbed sets it again then (cluster.restore)."""
+    run(["ip", "-n", machine.name, "route", "replace", f"{SUBNET}.0/24", "dev", INTERFACE, "proto", "kernel",
+         "scope", "link", "src", machine.address, "congctl", algorithm],
+        f"set TCP's congestion control of {machine.name} to {algorithm}")
+
+
+def congestion(namespace: str) -> str:
+    """The congestion control the machine's subnet route names, or 'default' (the kernel's)."""
+    out = run(["ip", "-n", namespace, "route", "show", f"{SUBNET}.0/24"], f"read the routes of {namespace}")
+    words = out.split()
+    return words[words.index("congctl") + 1] if "congctl" in words else "default"
 
 
 def shaping(namespace: str) -> str:

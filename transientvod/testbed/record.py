@@ -36,6 +36,7 @@ class Record:
     complete: bool = False  # up finished
     # Directories each host has as its own empty tmpfs (up --private-disk); older records lack it.
     private_disk: list[str] = field(default_factory=list)
+    congestion: str = ""  # every machine's TCP congestion control (Layout.congestion); older records lack it
 
     @property
     def directory(self) -> Path:
@@ -43,7 +44,7 @@ class Record:
 
     @property
     def layout(self) -> Layout:
-        return Layout(self.name, tuple(Machine(**m) for m in self.machines), self.bandwidth)
+        return Layout(self.name, tuple(Machine(**m) for m in self.machines), self.bandwidth, self.congestion)
 
     def listed_hosts(self, now: float, lag_seconds: float = 0.0) -> list[str]:
         """The hosts a cloud's API would list as running, `lag_seconds` behind the truth."""
@@ -67,7 +68,8 @@ def new_record(layout: Layout, private_disk: list[str] | None = None) -> Record:
     namespaces = [layout.switch] + [m.name for m in layout.machines]
     return Record(name=layout.name, machines=[asdict(m) for m in layout.machines], bandwidth=layout.bandwidth,
                   namespaces=namespaces, netns_dirs=[f"/etc/netns/{m.name}" for m in layout.machines],
-                  host_condition={m.name: "up" for m in layout.hosts}, private_disk=list(private_disk or []))
+                  host_condition={m.name: "up" for m in layout.hosts}, private_disk=list(private_disk or []),
+                  congestion=layout.congestion)
 
 
 def load_record(name: str) -> Record | None:
