@@ -5,7 +5,7 @@ Horovod is not listed in install_requires: its PyPI release does not build again
 PyTorch 2.x as is, so `launch/install_horovod.sh` builds it (cached) before this step.
 The CUDA extension (csrc/: the fused compression kernels) is built as `transientvod._C` when
 TRANSIENTVOD_BUILD_CUDA=1, or =auto (the default) with a CUDA build of torch and nvcc present;
-build it with `TRANSIENTVOD_BUILD_CUDA=1 pip install -e . --no-build-isolation` (pip's
+build it with `TRANSIENTVOD_BUILD_CUDA=1 pip install -e . --no-build-isolation --use-pep517` (pip's
 isolated build has no torch). Without it, CUDA tensors use cupy (NVRTC) or plain PyTorch.
 """
 import os

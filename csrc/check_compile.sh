@@ -2,6 +2,8 @@
 # Compile-checks the CUDA side without a GPU:
 #   1. every csrc/cuda/*.cu with nvcc for each architecture we ship, ptxas reporting registers
 #      and spills (-Xptxas -v); any compile error, warning or register spill fails the check;
+#      and again with -ftz=true (what cupy adds) and --use_fast_math: no flushing or approximate
+#      instruction may appear in the PTX;
 #   2. compress.cuh as NVRTC sees it (cupy compiles it at run time): only headers NVRTC has,
 #      no host code; and as ops.cpp's host compiler sees it: the launchers' declarations only;
 #   3. ops.cpp against the installed torch's headers (syntax only), when a torch is importable.
@@ -125,6 +127,20 @@ for cu in "$sources"/*.cu; do
         { head -20 "$work/torch.log"; fail "$(basename "$cu") does not compile with torch's nvcc flags."; }
 done
 echo "  with torch's nvcc flags (C++20, no half operators) for sm_$last: ok"
+
+# cupy appends -ftz=true to every NVRTC compile, and a user may build with --use_fast_math: the
+# arithmetic must not change under either. Any .ftz (subnormals flushed to zero), .approx or
+# .full (approximate division, reciprocal) instruction in the PTX means some float operation
+# skipped compress.cuh's wrappers; seen on an H200 through cupy: bf16 subnormals decoded to 0.
+for flag in -ftz=true --use_fast_math; do
+    for cu in "$sources"/*.cu; do
+        "$NVCC" -std=c++17 "$flag" -arch="sm_$last" -ptx "$cu" -o "$work/flags.ptx" >"$work/flags.log" 2>&1 ||
+            { head -20 "$work/flags.log"; fail "$(basename "$cu") does not compile with $flag."; }
+        loose=$(grep -oE '[a-z0-9]+(\.[a-z0-9]+)*\.(ftz|approx|full)(\.[a-z0-9]+)*' "$work/flags.ptx" | sort | uniq -c)
+        [[ -z $loose ]] || { echo "$loose"; fail "$(basename "$cu") built with $flag has flushing or approximate instructions (above)."; }
+    done
+done
+echo "  with -ftz=true (cupy's) and --use_fast_math: no .ftz, .approx or .full instruction in the PTX"
 
 # --- 2. compress.cuh as NVRTC and as a host compiler see it -----------------------------------
 # NVRTC defines __CUDACC__ and __CUDACC_RTC__ and provides cuda_fp16.h / cuda_bf16.h itself;

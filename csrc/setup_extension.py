@@ -7,8 +7,9 @@ is built:
   0               never
 Without the extension, transientvod.ops.cuda compiles csrc/cuda/compress.cuh with cupy (NVRTC)
 at run time, and CPU tensors never need it. torch must be importable while setup.py runs, so on
-a GPU host build with `TRANSIENTVOD_BUILD_CUDA=1 pip install -e . --no-build-isolation`
-(pip's default isolated build environment has no torch: "auto" then builds nothing).
+a GPU host build with `TRANSIENTVOD_BUILD_CUDA=1 pip install -e . --no-build-isolation --use-pep517`
+(pip's default isolated build environment has no torch: "auto" then builds nothing; and without
+--use-pep517 pip runs `setup.py develop`, which setuptools >= 80 hands back to pip in isolation).
 
 The toolkit: CUDA_HOME (or CUDA_PATH) when set, which must hold include/cuda_runtime.h.
 Otherwise torch takes the directory above the first `nvcc` on PATH, which is wrong when that
@@ -76,7 +77,7 @@ def _missing() -> str | None:
         import torch
     except ImportError:
         return ("torch is not importable while setup.py runs "
-                "(pip builds in an isolated environment: add --no-build-isolation)")
+                "(pip builds in an isolated environment: add --no-build-isolation --use-pep517)")
     if not torch.version.cuda:
         return f"torch {torch.__version__} is not a CUDA build (install a CUDA wheel of torch)"
     toolkit, why_not = find_toolkit()

@@ -301,7 +301,15 @@ def main() -> int:
     hvd.init()
     torch.set_num_threads(1)
     if DEVICE.type == "cuda":
-        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+        gpus = torch.cuda.device_count()
+        torch.cuda.set_device(hvd.local_rank() % gpus)
+        if hvd.local_size() > gpus:
+            # NCCL refuses two ranks of one communicator on one GPU of one host ("Duplicate GPU
+            # detected"). A host id of its own makes each rank look like another host, so NCCL
+            # connects the ranks through its socket transport. Set before the first GPU op, when
+            # Horovod creates the communicator.
+            os.environ["NCCL_HOSTID"] = f"transientvod-probe-rank-{hvd.rank()}"
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")  # the ranks are on this one machine
     for check in sys.argv[1:] or list(CHECKS):
         for row in CHECKS[check]():
             print(json.dumps({"check": check, "rank": hvd.rank(), "world": hvd.size(), **row}), flush=True)

@@ -4,8 +4,11 @@
 // same text at run time when the extension was not built. The op semantics are the CPU side's
 // (transientvod/ops/reference.py, and cpu.py's numba kernels); every rounding step below is
 // spelled out so that the results agree with them bit for bit:
-//   * __fmul_rn / __fadd_rn / __fsub_rn / __fdiv_rn (tv::mul_rn etc.): each step rounded on its
-//     own, never contracted into an FMA and never approximated, whatever flags the build passes.
+//   * tv::mul_rn / add_rn / sub_rn / div_rn, max_f / min_f / abs_f: on the device inline PTX
+//     (mul.rn.f32 etc.), each step rounded on its own, never contracted into an FMA, never
+//     approximated and never flushing subnormals to zero, whatever flags the build passes.
+//     That matters: cupy appends -ftz=true to every NVRTC compile, and under it the intrinsics
+//     (__fmul_rn, fmaxf, ...) flush; csrc/check_compile.sh fails on any .ftz in the PTX.
 //   * float -> half / bfloat16 rounds to nearest even, like torch's conversions (only a NaN's
 //     bit pattern may differ from the CPU's: NaN either way).
 //   * int8: per block of `block` elements, scale = amax / 127 over the finite values,
@@ -59,23 +62,35 @@ __host__ __device__ inline int quant_threads(int block) {
 // the block max). On the host, each wrapper is the plain IEEE float32 operation (SSE on x86-64:
 // no excess precision, subnormals kept), which rounds to nearest even like the __f*_rn
 // intrinsics; a host caller must compile with -ffp-contract=off (gcc would otherwise fuse
-// mul_rn + add_rn into an FMA where the CPU has one) and without -ffast-math. rintf, fmaxf,
-// fminf and fabsf need no wrapper: CUDA's math headers declare them __host__ __device__ (and
-// NVRTC has them built in); rintf on the host rounds half to even in the default rounding mode.
+// mul_rn + add_rn into an FMA where the CPU has one) and without -ffast-math. rintf needs no
+// wrapper: CUDA's math headers declare it __host__ __device__ (NVRTC has it built in), a
+// subnormal rounds to 0 with or without flushing, and on the host it rounds half to even in the
+// default rounding mode.
 
 #define TV_HD __host__ __device__ __forceinline__
 
 #if defined(__CUDA_ARCH__)
-TV_HD float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-TV_HD float add_rn(float a, float b) { return __fadd_rn(a, b); }
-TV_HD float sub_rn(float a, float b) { return __fsub_rn(a, b); }
-TV_HD float div_rn(float a, float b) { return __fdiv_rn(a, b); }
+// PTX without .ftz: subnormal inputs and results are kept (IEEE), even under -ftz=true. max.f32
+// and min.f32 without .NaN return the other operand for one NaN, like fmaxf / fminf.
+TV_HD float mul_rn(float a, float b) { float r; asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+TV_HD float add_rn(float a, float b) { float r; asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+TV_HD float sub_rn(float a, float b) { float r; asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+TV_HD float div_rn(float a, float b) { float r; asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+TV_HD float max_f(float a, float b) { float r; asm("max.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+TV_HD float min_f(float a, float b) { float r; asm("min.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+TV_HD float abs_f(float a) { float r; asm("abs.f32 %0, %1;" : "=f"(r) : "f"(a)); return r; }
+// An int8 code (a float holding an integer) as an int: truncation, exact for integers.
+TV_HD int code_to_int(float c) { int r; asm("cvt.rzi.s32.f32 %0, %1;" : "=r"(r) : "f"(c)); return r; }
 TV_HD unsigned float_bits(float v) { return __float_as_uint(v); }
 #else
 TV_HD float mul_rn(float a, float b) { return a * b; }
 TV_HD float add_rn(float a, float b) { return a + b; }
 TV_HD float sub_rn(float a, float b) { return a - b; }
 TV_HD float div_rn(float a, float b) { return a / b; }
+TV_HD float max_f(float a, float b) { return fmaxf(a, b); }
+TV_HD float min_f(float a, float b) { return fminf(a, b); }
+TV_HD float abs_f(float a) { return fabsf(a); }
+TV_HD int code_to_int(float c) { return (int)c; }
 // __builtin_memcpy, not <cstring>: the header includes nothing NVRTC lacks, even on this side.
 TV_HD unsigned float_bits(float v) {
   unsigned u;
@@ -128,13 +143,18 @@ TV_HD float compress_one(float g, float w, float r, unsigned short& p, bool& bad
 // caller raises the flag.
 TV_HD float finite_or_zero(float x) { return is_finite(x) ? x : 0.0f; }
 
+// One step of a block's amax over its (finite) values.
+TV_HD float amax_step(float amax, float x) { return max_f(amax, abs_f(x)); }
+
 // The block's scale from its amax (over finite values): exactly 0 for an all-zero block.
 TV_HD float int8_scale(float amax) { return div_rn(amax, 127.0f); }
 
 // x's code, as a float holding an integer in [-127, 127]: a true division (never a multiply by
 // the reciprocal), rounded half to even like torch.round; a zero scale gives 0, never NaN.
+// Zero is tested on the bits: under -ftz=true a subnormal scale would compare equal to 0.
 TV_HD float quantize_one(float x, float scale) {
-  return scale == 0.0f ? 0.0f : fminf(fmaxf(rintf(div_rn(x, scale)), -127.0f), 127.0f);
+  if ((float_bits(scale) & 0x7fffffffu) == 0u) return 0.0f;
+  return min_f(max_f(rintf(div_rn(x, scale)), -127.0f), 127.0f);
 }
 
 // What a code stands for, and what quantizing x left behind.
@@ -384,28 +404,28 @@ __device__ __forceinline__ void store_codes(signed char* __restrict__ q, bool ve
   if (whole_vector(vec, len)) {
     unsigned w = 0;
 #pragma unroll
-    for (int k = 0; k < TV_QUANT_ITEMS; ++k) w |= ((unsigned)(int)v[k] & 0xffu) << (8 * k);
+    for (int k = 0; k < TV_QUANT_ITEMS; ++k) w |= ((unsigned)code_to_int(v[k]) & 0xffu) << (8 * k);
     reinterpret_cast<unsigned*>(q)[threadIdx.x] = w;
     return;
   }
 #pragma unroll
   for (int k = 0; k < TV_QUANT_ITEMS; ++k) {
     const int i = item_index(vec, k);
-    if (i < len) q[i] = (signed char)(int)v[k];
+    if (i < len) q[i] = (signed char)code_to_int(v[k]);
   }
 }
 
 // Max over the CTA: shuffles within each warp, then every thread reads the few warp results
 // from shared memory (saves a second barrier-and-broadcast round). The trailing barrier lets the
-// next block of the grid-stride loop reuse `warp_max`. fmaxf is exact, so the order is free.
+// next block of the grid-stride loop reuse `warp_max`. max is exact, so the order is free.
 __device__ __forceinline__ float block_max(float v, float* warp_max) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1)
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    v = max_f(v, __shfl_xor_sync(0xffffffffu, v, offset));
   if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = v;
   __syncthreads();
   v = 0.0f;
-  for (int w = 0; w < (int)(blockDim.x >> 5); ++w) v = fmaxf(v, warp_max[w]);
+  for (int w = 0; w < (int)(blockDim.x >> 5); ++w) v = max_f(v, warp_max[w]);
   __syncthreads();
   return v;
 }
@@ -416,7 +436,7 @@ __device__ __forceinline__ float quantize_block(const float x[TV_QUANT_ITEMS],
                                                 float q[TV_QUANT_ITEMS], float* warp_max) {
   float amax = 0.0f;
 #pragma unroll
-  for (int k = 0; k < TV_QUANT_ITEMS; ++k) amax = fmaxf(amax, fabsf(x[k]));
+  for (int k = 0; k < TV_QUANT_ITEMS; ++k) amax = amax_step(amax, x[k]);
   amax = block_max(amax, warp_max);
   const float scale = int8_scale(amax);
 #pragma unroll

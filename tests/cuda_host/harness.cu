@@ -11,7 +11,7 @@
 //
 // What the loops below are not: the kernels' memory traffic (vector loads, grid-stride
 // indexing, padding of a short block) and their CTA-wide steps (the warp-shuffle block max,
-// the flag's warp vote). The block max here is a sequential fmaxf, which gives the same value
+// the flag's warp vote). The block max here is a sequential amax_step, which gives the same value
 // in any order; the flag is an OR over the elements.
 #include "compress.cuh"
 
@@ -41,7 +41,7 @@ int decompress_avg_16bit(const unsigned short* payload, float* out, float inv_n,
 // The int8 rule on one block of finite values: its scale, and each value's code.
 float quantize_block(const float* x, float* codes, long long len) {
   float amax = 0.0f;
-  for (long long i = 0; i < len; ++i) amax = fmaxf(amax, fabsf(x[i]));
+  for (long long i = 0; i < len; ++i) amax = tv::amax_step(amax, x[i]);
   const float scale = tv::int8_scale(amax);
   for (long long i = 0; i < len; ++i) codes[i] = tv::quantize_one(x[i], scale);
   return scale;

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # Every check of the CUDA kernels that needs a GPU, in one run on a GPU host:
 #   1. csrc/check_compile.sh        all architectures compile, no register spills
-#   2. build transientvod._C        TRANSIENTVOD_BUILD_CUDA=1 pip install -e . --no-build-isolation
+#   2. build transientvod._C        TRANSIENTVOD_BUILD_CUDA=1 pip install -e . --no-build-isolation --use-pep517
 #   3. cuda == cpu.py               each op on CUDA vs the numba kernels, bit for bit, sizes at
 #                                   block boundaries, misaligned views, NaN/Inf (every backend)
 #   4. tests/test_ops.py            the ops' own tests (their CUDA parametrization), every backend
 #   5. tests/test_exchange.py       the exchange on CUDA tensors, every codec, 2-4 ranks (horovodrun)
 #   6. benchmarks/kernels.py --device cuda
 # Backends (TRANSIENTVOD_KERNELS): cuda = the extension, and cupy (NVRTC) when it is installed.
-# Usage: bash tests/gpu/run_checks.sh          (env: PYTHON, default .venv/bin/python)
-# Prints one line per step, then the tail of each failed step's log; exit 0 only if none failed.
+# Horovod with NCCL, which step 5 needs, is built by launch/install_horovod.sh in the background
+# while steps 3-4 run, unless it is installed already (HOROVOD_SDIST: a host without PyPI).
+# Usage: bash tests/gpu/run_checks.sh
+#   env: PYTHON (default .venv/bin/python), RUN_CHECKS_LOG (a file each step's whole log is
+#   appended to as the step ends, so a run stopped part way still leaves what it did)
+# Prints one line per step as it ends (and a failed step's last lines), then a summary; exit 0
+# only if none failed.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
@@ -32,6 +37,13 @@ step() {
     else
         results+=("FAIL  $name ($((SECONDS - start)) s)")
         failures+=("$name|$log")
+    fi
+    echo "${results[-1]}"
+    if [[ ${results[-1]} == FAIL* ]]; then
+        tail -n 8 "$log" | sed 's/^/    /'
+    fi
+    if [[ -n ${RUN_CHECKS_LOG:-} ]]; then
+        { echo "=== ${results[-1]}"; cat "$log"; } >>"$RUN_CHECKS_LOG"
     fi
 }
 skip() { results+=("SKIP  $1: $2"); }
@@ -62,9 +74,21 @@ step "check_compile.sh (all architectures, no spills)" env PYTHON="$PY" bash csr
 
 # 2. the extension, built into the checkout (no network: --no-deps)
 step "build transientvod._C" env TRANSIENTVOD_BUILD_CUDA=1 \
-    "$PY" -m pip install --no-build-isolation --no-deps -e .
+    "$PY" -m pip install --no-build-isolation --use-pep517 --no-deps -e .
 step "import transientvod._C (setup.py builds it)" "$PY" -c 'import torch, transientvod._C
 print(torch.ops.transientvod.compress_ef_)'
+
+# Horovod with NCCL for step 5, built while steps 3-4 run (after step 2: two pips at once in one
+# environment could swap setuptools under the extension's build). Returns at once when the
+# right build is installed already.
+PYTHON="$PY" bash launch/install_horovod.sh >"$logs/horovod-build.log" 2>&1 &
+horovod_build=$!
+horovod_ready() {
+    wait "$horovod_build"
+    local rc=$?
+    cat "$logs/horovod-build.log"
+    return $rc
+}
 
 backends=(cuda)
 if "$PY" -c 'import cupy' 2>/dev/null; then
@@ -167,11 +191,14 @@ for backend in "${backends[@]}"; do
 done
 
 # 5. the exchange itself on CUDA tensors: every codec, through horovodrun on this host (2, 3 and 4
-#    ranks, sharing the GPUs there are: rank r on GPU r % count). With one GPU, a Horovod built
-#    with NCCL may refuse several ranks on one device ("Duplicate GPU detected"); its log says so.
+#    ranks, sharing the GPUs there are: rank r on GPU r % count). NCCL refuses two ranks on one
+#    GPU of one host ("Duplicate GPU detected"), so where ranks share a GPU the probe gives each
+#    its own NCCL_HOSTID and NCCL connects them through its socket transport, as across hosts.
+#    The jobs through the training loop (host_removed, stale_job) train on the CPU: not run here.
+step "Horovod with NCCL (launch/install_horovod.sh)" horovod_ready
 step "pytest tests/test_exchange.py on CUDA tensors (TRANSIENTVOD_PROBE_DEVICE=cuda)" \
-    env TRANSIENTVOD_PROBE_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_exchange.py \
-    -k "not host_removed"
+    env TRANSIENTVOD_PROBE_DEVICE=cuda NCCL_DEBUG=WARN "$PY" -m pytest -q -p no:cacheprovider -rs \
+    tests/test_exchange.py -k "not host_removed and not stale_job"
 
 # 6. the benchmark: its own report, shown before the summary
 if [[ -f benchmarks/kernels.py ]]; then

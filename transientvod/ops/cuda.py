@@ -3,7 +3,7 @@
 The kernels are csrc/cuda/compress.cuh, run one of two ways (same text, same results):
 
 - "cuda", the compiled extension `transientvod._C`, built by setup.py on a CUDA host
-  (csrc/setup_extension.py: `TRANSIENTVOD_BUILD_CUDA=1 pip install -e . --no-build-isolation`);
+  (csrc/setup_extension.py: `TRANSIENTVOD_BUILD_CUDA=1 pip install -e . --no-build-isolation --use-pep517`);
   the ops are `torch.ops.transientvod.*`, declared once with TORCH_LIBRARY in csrc/ops.cpp.
 - "cupy": cupy compiles compress.cuh with NVRTC at first use (cupy caches the binary on disk) and
   launches the kernels on torch's current stream, on views of the torch tensors (no copies).
@@ -37,7 +37,7 @@ VEC = 8  # TV_VEC: elements per vector step of the elementwise kernels
 QUANT_ITEMS = 4  # TV_QUANT_ITEMS: int8 elements per thread
 _PAYLOAD_DTYPES = (torch.float16, torch.bfloat16, torch.int8)
 _BUILD_HINT = ("build transientvod._C (TRANSIENTVOD_BUILD_CUDA=1 pip install -e . "
-               "--no-build-isolation) or install cupy (cupy-cuda12x / cupy-cuda13x)")
+               "--no-build-isolation --use-pep517) or install cupy (cupy-cuda12x / cupy-cuda13x)")
 
 
 def kernel_source_path() -> Path:
