@@ -74,3 +74,24 @@ def test_a_commit_wanted_by_one_rank_is_heard_by_every_rank_one_step_later():
         expected = [[step == 6, step == 8] for step in range(1, 11)]
         assert row["answers"] == expected, row
         assert row["after_reset"] == [[False, False], [False, False]], row
+
+
+def test_more_slots_than_gpus_is_one_sentence_before_nccl_refuses(monkeypatch):
+    """A host given more slots than it has GPUs: the second slot would take a GPU that does not
+    exist (or share one, which NCCL refuses deep in its setup). The GPU cannot exist on this
+    machine, so torch's and Horovod's answers about it are stood in for."""
+    import horovod.torch as hvd
+
+    from transientvod import train
+    from transientvod.config import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(hvd, "local_rank", lambda: 1)
+    monkeypatch.setattr(hvd, "local_size", lambda: 2)
+    config = config_from_yaml("train: {device: auto}", "the test")
+    with pytest.raises(ConfigError) as raised:
+        train.pick_device(config)
+    message = str(raised.value)
+    assert message == ("this host runs 2 slots but has 1 GPU(s); give it at most 1 slot(s) in the host "
+                       "discovery (host:1) or set train.device to cpu."), message

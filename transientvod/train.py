@@ -101,8 +101,13 @@ def pick_device(config: Config) -> torch.device:
     if want_cuda:
         if not torch.cuda.is_available():
             raise ConfigError("train.device is 'cuda' but this host has no usable CUDA device; set train.device to auto or cpu.")
-        torch.cuda.set_device(hvd.local_rank())
-        return torch.device("cuda", hvd.local_rank())
+        gpus, slot = torch.cuda.device_count(), hvd.local_rank()
+        if slot >= gpus:
+            # Two slots on one GPU would fail later, deep in NCCL ("Duplicate GPU detected").
+            raise ConfigError(f"this host runs {hvd.local_size()} slots but has {gpus} GPU(s); give it at most "
+                              f"{gpus} slot(s) in the host discovery (host:{gpus}) or set train.device to cpu.")
+        torch.cuda.set_device(slot)
+        return torch.device("cuda", slot)
     # Local slots share the cores: give each an equal part so they don't oversubscribe.
     threads = config.train.threads_per_worker or max(1, (os.cpu_count() or 1) // hvd.local_size())
     torch.set_num_threads(threads)
