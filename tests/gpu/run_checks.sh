@@ -6,7 +6,8 @@
 #                                   block boundaries, misaligned views, NaN/Inf (every backend)
 #   4. tests/test_ops.py            the ops' own tests (their CUDA parametrization), every backend
 #   5. tests/test_exchange.py       the exchange on CUDA tensors, every codec, 2-4 ranks (horovodrun)
-#   6. benchmarks/kernels.py --device cuda
+#   6. tests/gpu/job_check.sh cuda  a short job through the training loop on the GPU(s)
+#   7. benchmarks/kernels.py --device cuda
 # Backends (TRANSIENTVOD_KERNELS): cuda = the extension, and cupy (NVRTC) when it is installed.
 # Horovod with NCCL, which step 5 needs, is built by launch/install_horovod.sh in the background
 # while steps 3-4 run, unless it is installed already (HOROVOD_SDIST: a host without PyPI).
@@ -46,7 +47,10 @@ step() {
         { echo "=== ${results[-1]}"; cat "$log"; } >>"$RUN_CHECKS_LOG"
     fi
 }
-skip() { results+=("SKIP  $1: $2"); }
+skip() {
+    results+=("SKIP  $1: $2")
+    echo "${results[-1]}"
+}
 
 report() {
     echo "== run_checks: $("$PY" -c 'import torch; print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}")' 2>/dev/null)"
@@ -200,7 +204,15 @@ step "pytest tests/test_exchange.py on CUDA tensors (TRANSIENTVOD_PROBE_DEVICE=c
     env TRANSIENTVOD_PROBE_DEVICE=cuda NCCL_DEBUG=WARN "$PY" -m pytest -q -p no:cacheprovider -rs \
     tests/test_exchange.py -k "not host_removed and not stale_job"
 
-# 6. the benchmark: its own report, shown before the summary
+# 6. the training loop on the GPU: launcher, elastic horovodrun, fp16 at staleness 2, checkpoints.
+#    transientvod's CLI imports boto3 (S3 checkpoints); a host lent for checks may not have it.
+if "$PY" -c 'import boto3, sklearn' 2>/dev/null; then
+    step "a job on the GPU (tests/gpu/job_check.sh cuda)" env PYTHON="$PY" bash tests/gpu/job_check.sh cuda
+else
+    skip "a job on the GPU" "boto3 or scikit-learn is not installed (pip install boto3 scikit-learn)"
+fi
+
+# 7. the benchmark: its own report, shown before the summary
 if [[ -f benchmarks/kernels.py ]]; then
     step "benchmarks/kernels.py --device cuda" "$PY" benchmarks/kernels.py --device cuda
     echo "== benchmarks/kernels.py --device cuda (last lines)"
