@@ -171,3 +171,22 @@ def test_demo_reaches_90_percent_after_losing_and_regaining_a_host():
     assert summary["world_sizes_seen"] == [2, 1, 2]
     assert summary["test_accuracy"] >= 0.90
     assert "revocations survived  1" in done.stdout
+
+
+def test_one_host_and_no_interface_named_is_one_sentence_naming_the_setting(job):
+    """Horovod's elastic driver probes two hosts for their common network interface before it
+    starts anyone; with one host up it waits out the elastic timeout. The launcher says which
+    setting starts such a job instead of blaming capacity."""
+    j = job("one-host", cluster={"min_np": 1, "max_np": 1, "elastic_timeout": 5})
+    done = j.run(j.discovery("0=localhost:1"), timeout=120)
+    assert done.returncode != 0, explain(done)
+    assert ("transientvod: Horovod waited cluster.elastic_timeout (5 s) for two hosts to find their common "
+            "network interface and fewer were up; name it in cluster.network_interface (lo for a job on this "
+            "machine alone, else the hosts' own, for example eth0 or ens5) or start when two hosts are up."
+            ) in done.stderr + done.stdout, explain(done)
+    assert "fewer than cluster.min_np" not in done.stderr + done.stdout
+    # and naming it starts the job on that one host
+    j = job("one-host-lo", cluster={"min_np": 1, "max_np": 1, "network_interface": "lo"}, train={"steps": 30})
+    done = j.run(j.discovery("0=localhost:1"), timeout=120)
+    assert done.returncode == 0, explain(done)
+    assert j.summary()["steps"] == 30

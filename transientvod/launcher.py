@@ -244,7 +244,7 @@ def run_job(config: Config, discovery: str | None = None) -> JobResult:
             argv = horovodrun_command(config, worker_config, prepared.discovery)
             print(f"transientvod: starting {' '.join(shlex.quote(a) for a in argv)}", flush=True)
             started = time.monotonic()
-            returncode, capacity_timed_out = run_horovodrun(argv, services.worker_env if services else {})
+            returncode, timed_out = run_horovodrun(argv, services.worker_env if services else {})
             wall = time.monotonic() - started
     finally:
         if stop_watcher is not None:
@@ -258,8 +258,12 @@ def run_job(config: Config, discovery: str | None = None) -> JobResult:
                     "ended after the end); the results stand", returncode, config.train.steps)
         returncode = 0
     why = ""
-    if returncode != 0 and capacity_timed_out:
-        c = config.cluster
+    c = config.cluster
+    if returncode != 0 and timed_out == INTERFACES_TIMED_OUT and not c.network_interface:
+        why = (f"Horovod waited cluster.elastic_timeout ({c.elastic_timeout} s) for two hosts to find their common "
+               f"network interface and fewer were up; name it in cluster.network_interface (lo for a job on this "
+               f"machine alone, else the hosts' own, for example eth0 or ens5) or start when two hosts are up.")
+    elif returncode != 0 and timed_out:
         why = (f"the job had fewer than cluster.min_np ({c.min_np}) workers for cluster.elastic_timeout "
                f"({c.elastic_timeout} s) and stopped; start it again when servers are back and it resumes "
                f"from its last durable checkpoint in {config.checkpoint_dir}.")
@@ -299,21 +303,28 @@ def head_services(config: Config, prepared: Prepared):
 # Horovod's driver says this when fewer than --min-np slots stayed available for --elastic-timeout
 # (its message begins "Timed out waiting for {activity}", placeholder and all).
 CAPACITY_TIMEOUT = "Please check that you have enough resources to run at least"
+# Where horovodrun waits at the start of an elastic job without --network-interface: for two
+# hosts to probe. Its traceback names this frame before the capacity timeout's message.
+INTERFACE_PROBE = "get_common_interfaces"
+CAPACITY_TIMED_OUT, INTERFACES_TIMED_OUT = "capacity", "interfaces"
 
 
-def run_horovodrun(argv: list[str], extra_env: dict[str, str] | None = None) -> tuple[int, bool]:
+def run_horovodrun(argv: list[str], extra_env: dict[str, str] | None = None) -> tuple[int, str]:
     """Run horovodrun, passing its stderr through line by line (its driver logs there);
-    returns its exit code and whether it gave up waiting for capacity (so the launcher can
-    say so in one sentence). Its stdout goes straight to ours. It starts with the allow-listed
+    returns its exit code and what it gave up waiting for, if anything: capacity, or two hosts
+    to probe for their network interface ("" when neither), so that the launcher can say so
+    in one sentence. Its stdout goes straight to ours. It starts with the allow-listed
     environment (worker_environment): what it has, every worker's ssh command line shows."""
-    capacity_timed_out = False
+    timed_out, probing = "", False
     env = {**worker_environment(os.environ), **(extra_env or {})}
     with subprocess.Popen(argv, stderr=subprocess.PIPE, bufsize=1, text=True, errors="replace", env=env) as proc:
         for line in proc.stderr:
             sys.stderr.write(line)
-            capacity_timed_out = capacity_timed_out or CAPACITY_TIMEOUT in line
+            probing = probing or INTERFACE_PROBE in line
+            if CAPACITY_TIMEOUT in line and not timed_out:
+                timed_out = INTERFACES_TIMED_OUT if probing else CAPACITY_TIMED_OUT
         sys.stderr.flush()
-    return proc.returncode, capacity_timed_out
+    return proc.returncode, timed_out
 
 
 def format_summary(summary: dict) -> str:
