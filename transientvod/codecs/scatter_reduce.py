@@ -135,12 +135,14 @@ class ScatterReduce:
         # -- phase 3 (when the optimizer wants it): decode the whole bucket ----------------------
         rows, everything = unpack_segments(gathered, [count + 1 for count in layout.scales], fmt.payload,
                                            layout.elements)
-        any_flag = any(bool(row[-1] > 0) for row in rows)
+        # The owners' flags, reduced where they are and read once in decode: on a GPU each
+        # read waits for the stream, and one per owner would be N waits a step.
+        owners_flag = torch.stack([row[-1] for row in rows]).max()
         all_scales = torch.cat([row[:-1] for row in rows]) if fmt.scaled else None
 
         def decode(out: torch.Tensor) -> bool:
             bad = self.numel > 0 and ops.decompress_avg_(everything, out, 1.0, scales=all_scales, block=block)
-            return bool(bad) or any_flag
+            return bool(bad) or bool(owners_flag > 0)
         return decode
 
     def _owner_residual(self, mine: int) -> torch.Tensor:
