@@ -612,3 +612,63 @@ def test_unknown_override_is_one_runtime_error(monkeypatch):
     monkeypatch.setenv(ops.KERNELS_ENV, "numba")
     with pytest.raises(RuntimeError, match="CPU tensors"):
         ops.backend_for("meta")
+
+
+# ---------------------------------------------------------------------------------------------
+# flag=: OR into a caller's device flag instead of returning a bool (no wait on a GPU)
+
+
+@backends_param
+@pytest.mark.parametrize("payload_dtype", PAYLOADS, ids=str)
+def test_flag_argument_ors_what_the_bool_would_say_and_returns_none(backend, payload_dtype):
+    n, block = 3000, 512
+    scaled = payload_dtype == torch.int8
+    nb = -(-n // block)
+    gen = torch.Generator().manual_seed(7)
+    clean = torch.randn(n, generator=gen)
+    dirty = clean.clone()
+    dirty[1234] = float("nan")
+    for grad, expected in ((clean, 0), (dirty, 1)):
+        results = []
+        for use_flag in (False, True):
+            residual = torch.zeros(n, device=backend)
+            payload = torch.empty(n, dtype=payload_dtype, device=backend)
+            scales = torch.empty(nb, device=backend) if scaled else None
+            flag = torch.zeros(1, dtype=torch.int32, device=backend) if use_flag else None
+            said = ops.compress_ef_(grad.to(backend), residual, payload, WEIGHT, scales=scales, block=block, flag=flag)
+            out = torch.empty(n, device=backend)
+            said_avg = ops.decompress_avg_(payload, out, 0.5, scales=scales, block=block, flag=flag)
+            total = torch.empty(n, device=backend)
+            said_sum = ops.decompress_sum_(payload.reshape(1, n).repeat(2, 1), total, 0.5,
+                                           scales=scales.reshape(1, nb).repeat(2, 1) if scaled else None,
+                                           block=block, flag=flag)
+            if use_flag:
+                assert (said, said_avg, said_sum) == (None, None, None)
+                assert flag.item() == expected, "the flag must say what the bools say"
+            else:
+                assert said is bool(expected)
+            results.append((residual.cpu(), payload.cpu(), out.cpu(), total.cpu()))
+        for with_bool, with_flag in zip(*results):
+            assert_same(with_flag, with_bool, "the same results with flag=")
+
+
+@backends_param
+def test_flag_argument_keeps_a_set_flag_set(backend):
+    """An OR: a clean op never clears what an earlier op set."""
+    flag = torch.ones(1, dtype=torch.int32, device=backend)
+    payload = torch.zeros(600, dtype=torch.float16, device=backend)
+    assert ops.decompress_avg_(payload, torch.empty(600, device=backend), 1.0, flag=flag) is None
+    assert flag.item() == 1
+
+
+@pytest.mark.parametrize("flag, what", [
+    (torch.zeros(1), "a float32 tensor of 1 element(s) on cpu"),
+    (torch.zeros(2, dtype=torch.int32), "an int32 tensor of 2 element(s) on cpu"),
+    (True, "bool"),
+], ids=["float32", "two", "python-bool"])
+def test_a_bad_flag_is_one_sentence(flag, what):
+    payload = torch.zeros(8, dtype=torch.float16)
+    with pytest.raises(ValueError) as raised:
+        ops.decompress_avg_(payload, torch.empty(8), 1.0, flag=flag)
+    message = str(raised.value)
+    assert message == f"decompress_avg_: flag must be an int32 tensor of one element on cpu, not {what}.", message

@@ -102,10 +102,14 @@ class ScatterReduce:
         layout = self.layout(world)
 
         # -- phase 1: encode with the sender's residual; each shard to its owner ---------------
+        # The non-finite flags stay on the device (ops' flag=) until decode reads them once: on a
+        # GPU each read waits for the stream, which would hold the next step's launches back.
         payload = torch.empty(self.numel, dtype=fmt.payload, device=device)
         scales = torch.empty(sum(layout.scales), dtype=torch.float32, device=device) if fmt.scaled else None
-        bad = self.numel > 0 and ops.compress_ef_(grad, self.residual, payload, 1.0, scales=scales, block=block)
-        flag = torch.full((1,), float(bad), device=device)
+        bad = torch.zeros(1, dtype=torch.int32, device=device)
+        if self.numel > 0:
+            ops.compress_ef_(grad, self.residual, payload, 1.0, scales=scales, block=block, flag=bad)
+        flag = bad.float()
         parts, scale_at = [], 0
         for r in range(world):
             owner_scales = scales[scale_at:scale_at + layout.scales[r]] if fmt.scaled else flag[:0]
@@ -121,28 +125,30 @@ class ScatterReduce:
         total = torch.empty(mine, dtype=torch.float32, device=device)
         reduced = torch.empty(mine, dtype=fmt.payload, device=device)
         reduced_scales = torch.empty(my_scales, dtype=torch.float32, device=device) if fmt.scaled else flag[:0]
-        owner_bad = bool(side_in[:, my_scales].max() > 0)
+        owner_bad = torch.zeros(1, dtype=torch.int32, device=device)
         if mine:
-            # One pass: the N copies decoded and added in fp32, in rank order, so every owner adds alike.
+            # One pass: the N copies decoded and added in fp32, in rank order, so every owner adds
+            # alike. A non-finite sum would also make the re-encoding's payload non-finite.
             ops.decompress_sum_(shards, total, 1.0, scales=side_in[:, :my_scales].contiguous() if fmt.scaled else None,
-                                block=block)
-            owner_bad |= ops.compress_ef_(total, self._owner_residual(mine), reduced, 1.0 / world,
-                                          scales=reduced_scales if fmt.scaled else None, block=block)
-        flag = torch.full((1,), float(owner_bad), device=device)
+                                block=block, flag=owner_bad)
+            ops.compress_ef_(total, self._owner_residual(mine), reduced, 1.0 / world,
+                             scales=reduced_scales if fmt.scaled else None, block=block, flag=owner_bad)
+        # What this owner sends on: its own flag or any sender's.
+        flag = torch.maximum(owner_bad.float(), side_in[:, my_scales].max().reshape(1))
         outgoing, _ = pack([(torch.cat((reduced_scales, flag)), reduced)], device)
         gathered, = yield [wire.allgather(outgoing, name + ".gather")]
 
         # -- phase 3 (when the optimizer wants it): decode the whole bucket ----------------------
         rows, everything = unpack_segments(gathered, [count + 1 for count in layout.scales], fmt.payload,
                                            layout.elements)
-        # The owners' flags, reduced where they are and read once in decode: on a GPU each
-        # read waits for the stream, and one per owner would be N waits a step.
         owners_flag = torch.stack([row[-1] for row in rows]).max()
         all_scales = torch.cat([row[:-1] for row in rows]) if fmt.scaled else None
 
         def decode(out: torch.Tensor) -> bool:
-            bad = self.numel > 0 and ops.decompress_avg_(everything, out, 1.0, scales=all_scales, block=block)
-            return bool(bad) or bool(owners_flag > 0)
+            bad = torch.zeros(1, dtype=torch.int32, device=device)
+            if self.numel > 0:
+                ops.decompress_avg_(everything, out, 1.0, scales=all_scales, block=block, flag=bad)
+            return bool(torch.maximum(bad.float(), owners_flag).item() > 0)  # the one read of a step
         return decode
 
     def _owner_residual(self, mine: int) -> torch.Tensor:

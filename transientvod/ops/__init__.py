@@ -8,6 +8,9 @@
 
 Every op works on contiguous buckets (flat 1-D, or k rows of m for decompress_sum_), in place,
 in one pass, and returns a Python bool: True if it saw a NaN or Inf (found in the same pass).
+On a GPU that bool waits for the stream. Given `flag=` (an int32 tensor of one element on the
+tensors' device, zeroed by the caller), an op instead ORs 1 into it and returns None, without
+waiting: zero it once, run several ops, read it once.
 `weight` and `inv_n` are rounded to float32 first. Every backend gives the same bits as
 `reference.py` (NaN bit patterns aside).
 
@@ -120,13 +123,33 @@ def backend_for(device: torch.device | str) -> tuple[str, str]:
     return backend, why
 
 
-def _op(device: torch.device, name: str):
+def _run(device: torch.device, name: str, flag: torch.Tensor | None, *args, **kwargs) -> bool | None:
+    """The op on the backend the device gets: its bool, or (given flag) None, the flag ORed."""
     backend, module, _ = _choose(device)
-    return getattr(module, f"reference_{name}" if module is reference else name)
+    op = getattr(module, f"reference_{name}" if module is reference else name)
+    if flag is None:
+        return bool(op(*args, **kwargs))
+    if not (isinstance(flag, torch.Tensor) and flag.dtype == torch.int32 and flag.numel() == 1
+            and flag.device == device):
+        raise ValueError(f"{name}: flag must be an int32 tensor of one element on {device}, not "
+                         f"{_describe(flag)}.")
+    if backend in ("cuda", "cupy"):
+        op(*args, **kwargs, flag=flag)  # the kernels OR into it on the device
+    elif op(*args, **kwargs):  # the CPU backends and reference.py answer at once
+        flag.fill_(1)
+    return None
+
+
+def _describe(t) -> str:
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    dtype = str(t.dtype).removeprefix("torch.")
+    return f"{'an' if dtype[0] in 'aeiou' else 'a'} {dtype} tensor of {t.numel()} element(s) on {t.device}"
 
 
 def compress_ef_(grad: torch.Tensor, residual: torch.Tensor, payload: torch.Tensor, weight: float,
-                 scales: torch.Tensor | None = None, block: int = 512) -> bool:
+                 scales: torch.Tensor | None = None, block: int = 512,
+                 flag: torch.Tensor | None = None) -> bool | None:
     """Error-feedback compression of one bucket, in place, in one pass.
 
     x = grad * weight + residual (float32, two roundings, no FMA). Then by payload dtype:
@@ -140,26 +163,29 @@ def compress_ef_(grad: torch.Tensor, residual: torch.Tensor, payload: torch.Tens
 
     Returns True if any payload element is not finite (x was NaN/Inf, or overflowed fp16 /
     bf16); there the residual is 0 (and an int8 q is 0): nothing non-finite is carried on.
+    With flag= it ORs that into the flag instead and returns None (module docstring).
     grad, residual: float32 [n]; payload: float16, bfloat16 or int8 [n]; all on one device.
     """
     check_compress_ef(grad, residual, payload, weight, scales, block)
-    return bool(_op(grad.device, "compress_ef_")(grad, residual, payload, weight, scales=scales, block=block))
+    return _run(grad.device, "compress_ef_", flag, grad, residual, payload, weight, scales=scales, block=block)
 
 
 def decompress_avg_(payload: torch.Tensor, out: torch.Tensor, inv_n: float,
-                    scales: torch.Tensor | None = None, block: int = 512) -> bool:
+                    scales: torch.Tensor | None = None, block: int = 512,
+                    flag: torch.Tensor | None = None) -> bool | None:
     """out = float32(payload) * inv_n, in place (int8: q * scale * inv_n, its block's scale).
 
     payload: float16, bfloat16, int8 (with scales) or float32 [n] (bf16 payloads summed in
     float32); out: float32 [n]. Returns True if any element of out is not finite (e.g. an fp16
-    sum that overflowed to inf).
+    sum that overflowed to inf); with flag=, ORs that into the flag and returns None.
     """
     check_decompress_avg(payload, out, inv_n, scales, block)
-    return bool(_op(payload.device, "decompress_avg_")(payload, out, inv_n, scales=scales, block=block))
+    return _run(payload.device, "decompress_avg_", flag, payload, out, inv_n, scales=scales, block=block)
 
 
 def decompress_sum_(payloads: torch.Tensor, out: torch.Tensor, inv_n: float,
-                    scales: torch.Tensor | None = None, block: int = 512) -> bool:
+                    scales: torch.Tensor | None = None, block: int = 512,
+                    flag: torch.Tensor | None = None) -> bool | None:
     """The shard owner's step: decode k ranks' copies of the same m elements and sum them, in one pass.
 
     out[i] = (decode(payloads[0, i]) + ... + decode(payloads[k-1, i])) * inv_n in float32: the
@@ -170,7 +196,7 @@ def decompress_sum_(payloads: torch.Tensor, out: torch.Tensor, inv_n: float,
 
     payloads: float16, bfloat16 or int8 [k, m], k >= 1, contiguous; scales (int8 only): float32
     [k, ceil(m / block)], one row per rank; out: float32 [m]. Returns True if any element of
-    out is not finite.
+    out is not finite; with flag=, ORs that into the flag and returns None.
     """
     check_decompress_sum(payloads, out, inv_n, scales, block)
-    return bool(_op(payloads.device, "decompress_sum_")(payloads, out, inv_n, scales=scales, block=block))
+    return _run(payloads.device, "decompress_sum_", flag, payloads, out, inv_n, scales=scales, block=block)
