@@ -66,6 +66,7 @@ if check_build; then
   say "Horovod $BUILD_VERSION with PyTorch and Gloo${GPU_OPS:+ and NCCL} is already installed."
   exit 0
 fi
+
 KEY="horovod-${HOROVOD_VERSION}_torch-${TORCH_VERSION}_cuda-${TORCH_CUDA}_${PY_TAG}${GPU_OPS:+_nccl}_patch-${PATCH_ID}"
 WHEEL_DIR="$CACHE/wheels/$KEY"
 
