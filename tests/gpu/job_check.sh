@@ -46,8 +46,9 @@ import json, pathlib, sys
 run, steps, device = pathlib.Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 summary = json.loads((run / "summary.json").read_text())
 print(json.dumps(summary, indent=2))
-checkpoints = sorted(p.name for p in run.rglob("*") if "checkpoint" in str(p.relative_to(run)) and p.is_file())
-print(f"checkpoint files: {len(checkpoints)}")
+store = pathlib.Path(summary["checkpoint"])  # the job's local checkpoint store (its directory)
+checkpoints = sorted(p.name for p in store.rglob("*") if p.is_file()) if store.is_dir() else []
+print(f"checkpoint files in {store}: {len(checkpoints)}")
 if summary.get("steps") != steps:
     sys.exit(f"job_check: FAILED: the job ended at step {summary.get('steps')}, not {steps}.")
 if not checkpoints:

@@ -70,6 +70,11 @@ class ShardLayout:
         return cls(elements, start, counts if scaled else [0] * world)
 
 
+def _no_nonfinite_yet(device: torch.device) -> torch.Tensor:
+    """A zeroed flag for the ops' flag=: they OR 1 into it on the device when they see NaN/Inf."""
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
 class ScatterReduce:
     """One bucket's codec: the sender's residual (whole bucket) and the owner's (its shard)."""
 
@@ -106,7 +111,7 @@ class ScatterReduce:
         # GPU each read waits for the stream, which would hold the next step's launches back.
         payload = torch.empty(self.numel, dtype=fmt.payload, device=device)
         scales = torch.empty(sum(layout.scales), dtype=torch.float32, device=device) if fmt.scaled else None
-        bad = torch.zeros(1, dtype=torch.int32, device=device)
+        bad = _no_nonfinite_yet(device)
         if self.numel > 0:
             ops.compress_ef_(grad, self.residual, payload, 1.0, scales=scales, block=block, flag=bad)
         flag = bad.float()
@@ -125,7 +130,7 @@ class ScatterReduce:
         total = torch.empty(mine, dtype=torch.float32, device=device)
         reduced = torch.empty(mine, dtype=fmt.payload, device=device)
         reduced_scales = torch.empty(my_scales, dtype=torch.float32, device=device) if fmt.scaled else flag[:0]
-        owner_bad = torch.zeros(1, dtype=torch.int32, device=device)
+        owner_bad = _no_nonfinite_yet(device)
         if mine:
             # One pass: the N copies decoded and added in fp32, in rank order, so every owner adds
             # alike. A non-finite sum would also make the re-encoding's payload non-finite.
@@ -145,7 +150,7 @@ class ScatterReduce:
         all_scales = torch.cat([row[:-1] for row in rows]) if fmt.scaled else None
 
         def decode(out: torch.Tensor) -> bool:
-            bad = torch.zeros(1, dtype=torch.int32, device=device)
+            bad = _no_nonfinite_yet(device)
             if self.numel > 0:
                 ops.decompress_avg_(everything, out, 1.0, scales=all_scales, block=block, flag=bad)
             return bool(torch.maximum(bad.float(), owners_flag).item() > 0)  # the one read of a step

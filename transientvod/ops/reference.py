@@ -97,12 +97,22 @@ def _scales(name: str, scales, payload_dtype: torch.dtype, n: int, block, dim: i
                          f"need shape {want}.")
 
 
-def check_compress_ef(grad, residual, payload, weight, scales, block) -> None:
+def _flag(flag) -> None:
+    # flag= (transientvod.ops): one int32 the ops OR into, on the tensors' device (_same_device).
+    if flag is None:
+        return
+    _tensor("flag", flag, (torch.int32,), 1)
+    if flag.numel() != 1:
+        raise ValueError(f"flag has {flag.numel()} elements; it must be one int32, zeroed by the caller.")
+
+
+def check_compress_ef(grad, residual, payload, weight, scales, block, flag=None) -> None:
     """Raises the ValueError of a bad compress_ef_ call."""
     _tensor("grad", grad, (torch.float32,), 1)
     _tensor("residual", residual, (torch.float32,), 1)
     _tensor("payload", payload, PAYLOAD_DTYPES, 1)
-    _same_device({"grad": grad, "residual": residual, "payload": payload, "scales": scales})
+    _flag(flag)
+    _same_device({"grad": grad, "residual": residual, "payload": payload, "scales": scales, "flag": flag})
     n = grad.numel()
     _same_numel("residual", residual, "grad", n)
     _same_numel("payload", payload, "grad", n)
@@ -110,23 +120,25 @@ def check_compress_ef(grad, residual, payload, weight, scales, block) -> None:
     as_float32("weight", weight)
 
 
-def check_decompress_avg(payload, out, inv_n, scales, block) -> None:
+def check_decompress_avg(payload, out, inv_n, scales, block, flag=None) -> None:
     """Raises the ValueError of a bad decompress_avg_ call."""
     _tensor("payload", payload, SUMMED_DTYPES, 1)
     _tensor("out", out, (torch.float32,), 1)
-    _same_device({"payload": payload, "out": out, "scales": scales})
+    _flag(flag)
+    _same_device({"payload": payload, "out": out, "scales": scales, "flag": flag})
     _same_numel("out", out, "payload", payload.numel())
     _scales("scales", scales, payload.dtype, payload.numel(), block)
     as_float32("inv_n", inv_n)
 
 
-def check_decompress_sum(payloads, out, inv_n, scales, block) -> None:
+def check_decompress_sum(payloads, out, inv_n, scales, block, flag=None) -> None:
     """Raises the ValueError of a bad decompress_sum_ call."""
     _tensor("payloads", payloads, PAYLOAD_DTYPES, 2)
     if payloads.shape[0] < 1:
         raise ValueError(f"payloads has shape {tuple(payloads.shape)}; it must hold at least one rank's copy.")
     _tensor("out", out, (torch.float32,), 1)
-    _same_device({"payloads": payloads, "out": out, "scales": scales})
+    _flag(flag)
+    _same_device({"payloads": payloads, "out": out, "scales": scales, "flag": flag})
     k, m = payloads.shape
     _same_numel("out", out, "each row of payloads", m)
     _scales("scales", scales, payloads.dtype, m, block, dim=2, ranks=k)
