@@ -96,8 +96,8 @@ def gradient_elements() -> int:
 
 def wire_ms(codec: str, hosts: int, bandwidth: str, elements: int) -> float | None:
     """The least time one step's bytes take on a host's shaped link: the protocol's payload per
-    host and step, 2 (N - 1) / N bytes of it per element (ring allreduce, or alltoall then
-    allgather; no scales, flags or headers), at the tbf rate. None for a rate this does not read."""
+    host and step, 2 (N - 1) / N bytes of it per element (ring allreduce, or two
+    alltoalls; no scales, flags or headers), at the tbf rate. None for a rate this does not read."""
     rate = re.fullmatch(r"(\d+(?:\.\d+)?)(kbit|mbit|gbit)", bandwidth.split("/")[0])
     if rate is None:
         return None

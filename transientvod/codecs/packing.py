@@ -50,7 +50,7 @@ def unpack_rows(buffer: torch.Tensor, rows: int, side_floats: int, payload_dtype
 
 def unpack_segments(buffer: torch.Tensor, side_floats: list[int], payload_dtype: torch.dtype,
                     payload_elements: list[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Segments of different sizes end to end (an allgather: one from each owner): each one's
+    """Segments of different sizes end to end (the owners' phase: one from each owner): each one's
     side row (fp32), and all the payloads joined in order."""
     itemsize = payload_dtype.itemsize
     sides, payloads, at = [], [], 0

@@ -33,10 +33,6 @@ class Wire:
         # Splits are metadata Horovod reads on the host: an int32 CPU tensor whatever the device.
         return hvd.alltoall_async(tensor, splits=torch.tensor(splits, dtype=torch.int32), name=name)
 
-    def allgather(self, tensor: torch.Tensor, name: str):
-        self.sent_bytes += _nbytes(tensor) * (hvd.size() - 1)
-        return hvd.allgather_async(tensor, name=name)
-
 
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()

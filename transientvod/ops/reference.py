@@ -25,8 +25,7 @@ import torch
 from transientvod.config import INT8_BLOCK_MAX, INT8_BLOCK_MIN
 
 PAYLOAD_DTYPES = (torch.float16, torch.bfloat16, torch.int8)
-# decompress_avg_ also takes a float32 payload: bf16 payloads travel by allgather and are
-# summed in float32 before they are averaged.
+# decompress_avg_ also takes a float32 payload: a sum already in float32, to average.
 SUMMED_DTYPES = PAYLOAD_DTYPES + (torch.float32,)
 INT8_MAX = 127.0
 
