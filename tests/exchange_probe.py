@@ -95,7 +95,9 @@ def stale_sum(codec: str, staleness: int, size: int, steps: int = 6, stale_from_
 def backward_polls(codec: str) -> dict:
     """Step 0's first phase is started by step(0); then only backward passes run, no step():
     the parameters' gradient hooks must move it on to its next phase once the first is done."""
-    param, exchange = one_param_exchange(SIZE, codec, staleness=2, name=f"backward_polls.{codec}")
+    # start_in_backward off: these backward passes only poll (they would start step 1 otherwise).
+    param, exchange = one_param_exchange(SIZE, codec, staleness=2, name=f"backward_polls.{codec}",
+                                         start_in_backward=False)
     exchange.zero_grad()
     param.grad.fill_(1.0)
     exchange.step(0)
@@ -108,6 +110,46 @@ def backward_polls(codec: str) -> dict:
     phases = transfer.phases_done
     exchange.drain()
     return {"codec": codec, "phases_done": phases, "backwards": backwards}
+
+
+def backward_starts(codec: str) -> list[dict]:
+    """A 4-layer MLP trained 12 steps through backward, its buckets started from the gradient
+    hooks or all in step(): the same parameters bit for bit, and how many buckets backward
+    started. Then a backward without step(): zero_grad() must refuse it in one sentence, and
+    step() and drain() must still leave nothing in flight."""
+    found = []
+    for staleness in (0, 2):
+        runs = {}
+        for early in (True, False):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128),
+                                        torch.nn.ReLU(), torch.nn.Linear(128, 128), torch.nn.ReLU(),
+                                        torch.nn.Linear(128, 4)).to(DEVICE)
+            sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+            exchange = GradientExchange(sgd, model.parameters(), staleness=staleness, codec=codec,
+                                        min_compress_elements=0, bucket_elements=500, start_in_backward=early,
+                                        name=f"starts.{codec}.{staleness}.{early}")
+            data = torch.Generator().manual_seed(100 + hvd.rank())
+            for step in range(12):
+                x, y = torch.randn(8, 32, generator=data), torch.randint(0, 4, (8,), generator=data)
+                exchange.zero_grad()
+                torch.nn.functional.cross_entropy(model(x.to(DEVICE)), y.to(DEVICE)).backward()
+                exchange.step(step)
+            exchange.drain()
+            trained, refused = checksum(model), ""
+            if early:
+                exchange.zero_grad()
+                model(torch.ones(1, 32, device=DEVICE)).sum().backward()
+                try:
+                    exchange.zero_grad()
+                except RuntimeError as error:
+                    refused = str(error)
+                exchange.step(12)
+                exchange.drain()
+            runs[early] = {"checksum": trained, "started_in_backward": exchange.started_in_backward,
+                           "buckets": len(exchange.buckets), "refused": refused}
+        found.append({"codec": codec, "staleness": staleness, "early": runs[True], "in_step": runs[False]})
+    return found
 
 
 def owner_residual(steps: int = 200) -> list[dict]:
@@ -287,6 +329,7 @@ CHECKS = {
     "stale_from": lambda: [stale_sum(c, 2, 2 * BLOCK, steps=8, stale_from_step=3) for c in CODECS],
     "owner_residual": owner_residual,
     "backward_polls": lambda: [backward_polls(c) for c in COMPRESSED],
+    "backward_starts": lambda: [row for c in CODECS for row in backward_starts(c)],
     "nan": lambda: [nan_skip(c) for c in CODECS],
     "buckets": lambda: [several_buckets(c) for c in CODECS],
     "switch": lambda: [compress_switch()],

@@ -23,7 +23,7 @@ BOUNDS = {"none": 1e-6, "fp16": 2.0 ** -10, "bf16": 2.0 ** -8, "int8": 2.0 / 127
 PAYLOAD_BYTES = {"fp16": 2, "bf16": 2, "int8": 1}
 CHECKS_BY_WORLD = {
     2: ("bitident", "average", "stale", "stale_from", "nan", "buckets", "switch", "drain", "lost_peer", "bytes",
-        "backward_polls"),
+        "backward_polls", "backward_starts"),
     3: ("bitident_one_tensor", "average", "bytes"),
     4: ("owner_residual", "bytes"),
 }
@@ -51,7 +51,8 @@ def _exchange(**options) -> GradientExchange:
 @pytest.mark.parametrize("options, key", [({"codec": "int4"}, "exchange.codec"),
                                           ({"codec": "int8", "block": 100}, "exchange.block"),
                                           ({"codec": "int8", "block": 2048}, "exchange.block"),
-                                          ({"staleness": -1}, "exchange.staleness")])
+                                          ({"staleness": -1}, "exchange.staleness"),
+                                          ({"bucket_elements": 0}, "exchange.bucket_elements")])
 def test_bad_exchange_input_is_one_sentence_naming_the_key(options, key):
     with pytest.raises(ValueError) as raised:
         _exchange(**options)
@@ -154,6 +155,57 @@ def test_steps_before_stale_from_step_are_synchronous_then_each_is_applied_s_ste
 
 
 @pytest.mark.slow
+def test_buckets_start_during_backward_and_train_the_same_parameters():
+    """Started from the gradient hooks, every bucket of every step after the ring's first goes
+    out while backward runs, and the parameters are those of starting all in step()."""
+    found = rows(2, "backward_starts")
+    assert {(row["codec"], row["staleness"]) for row in found} == {(c, s) for c in CODECS for s in (0, 2)}
+    for row in found:
+        early, in_step = row["early"], row["in_step"]
+        assert early["buckets"] == 4, row  # one per layer at 500 elements
+        assert early["checksum"] == in_step["checksum"], row
+        assert in_step["started_in_backward"] == 0, row
+        # Every bucket of steps 1 to 11 and of the refused 13th; step 0, the ring's first,
+        # started in step() (its number was not known before).
+        assert early["started_in_backward"] == 12 * 4, row
+        assert early["refused"].startswith("gradient exchange: zero_grad() after backward without step(12)"), row
+        assert early["refused"].count(". ") == 0 and early["refused"].endswith("."), row
+
+
+def test_a_second_backward_before_step_is_one_sentence():
+    model = torch.nn.Linear(4, 2)
+    exchange = GradientExchange(torch.optim.SGD(model.parameters(), lr=1.0), model.parameters())
+    exchange.zero_grad()
+    model(torch.ones(1, 4)).sum().backward()
+    with pytest.raises(RuntimeError) as raised:
+        model(torch.ones(1, 4)).sum().backward()
+    message = str(raised.value)
+    assert "second backward() before step()" in message and "start_in_backward=False" in message, message
+    assert message.count(". ") == 0 and message.endswith("."), message
+    # Without early starts, gradients may be accumulated over several backward passes.
+    model = torch.nn.Linear(4, 2)
+    exchange = GradientExchange(torch.optim.SGD(model.parameters(), lr=1.0), model.parameters(),
+                                start_in_backward=False)
+    exchange.zero_grad()
+    for _ in range(2):
+        model(torch.ones(1, 4)).sum().backward()
+    assert model.weight.grad.eq(2.0).all()
+
+
+def test_buckets_are_cut_in_backward_order():
+    """The last parameters first; a bucket closes at bucket_elements; a remainder under half of
+    it joins the bucket before it."""
+    sizes = [500, 3000, 100, 5000, 800]
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in sizes]
+    cut = lambda elements: [[p.numel() for p in b.params] for b in GradientExchange(  # noqa: E731
+        torch.optim.SGD(params, lr=1.0), params, bucket_elements=elements).buckets]
+    assert cut(4000) == [[800, 5000], [100, 3000, 500]]
+    assert cut(1000) == [[800, 5000], [100, 3000], [500]]
+    assert cut(10_000) == [[800, 5000, 100, 3000, 500]]
+    assert cut(3000) == [[800, 5000], [100, 3000, 500]]  # 500 left, under 1,500: joins
+
+
+@pytest.mark.slow
 def test_backward_moves_a_step_in_flight_on_to_its_next_phase():
     """Between two step() calls only backward runs: its gradient hooks must start the owner's
     phase once the shards have arrived, not leave it for the next step()."""
@@ -179,8 +231,10 @@ def test_a_nan_on_one_rank_skips_the_step_on_every_rank():
 @pytest.mark.slow
 def test_several_buckets_each_with_its_own_codec():
     for row in rows(2, "buckets"):
-        expected_second = ["none"] if row["codec"] == "none" else [row["codec"]]
-        assert row["buckets"] == [["none"], expected_second], row
+        # Buckets in backward order: the 5,000-element parameter first (compressed), then the
+        # 100 and 3,000 under the 4,000-element floor (fp32).
+        expected_first = ["none"] if row["codec"] == "none" else [row["codec"]]
+        assert row["buckets"] == [expected_first, ["none"]], row
         bound = BOUNDS[row["codec"]] * 3 * 3  # the largest gradient is 2 * 3; three steps
         assert max(row["errors"]) <= bound, row
 

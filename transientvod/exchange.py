@@ -10,6 +10,12 @@
 At step t every rank encodes its gradient buckets and starts their exchange with Horovod's
 async ops (the codec's protocol: `transientvod.codecs`); training goes on, and the optimizer
 applies the averaged gradient of step t - s, waiting only for what step t - s started.
+Buckets are cut in backward order (the last parameters first) and each starts from the
+gradient hooks as soon as backward has made all of its gradients, while backward goes on
+with the layers before it, as Horovod's DistributedOptimizer and DDP start theirs; `step`
+starts whatever backward did not (a ring's first step, gradients set by hand, unused
+parameters). So each step takes one backward: a second one before `step` raises, unless
+`start_in_backward=False`.
 Each step in flight moves on to its next phase as soon as a poll finds the one before it
 done: polls run at `step` and `zero_grad`, from backward's gradient hooks (every
 POLL_EVERY_GRADS parameters), and while `step` waits for the oldest step; so a multi-phase
@@ -46,7 +52,11 @@ from transientvod.horovod_wait import POLL_SECONDS, wait_for_distributed_optimiz
 
 log = logging.getLogger(__name__)
 
-BUCKET_ELEMENTS = 1 << 22  # 16 MB of fp32 per bucket: big enough to use the link well
+# A bucket closes once it holds this many elements (512 KB of fp32). Small enough that a
+# CIFAR ResNet-32 (464,154 parameters) makes 3 buckets, whose exchanges start while backward
+# is still on the layers before them; big enough that each compresses (MIN_COMPRESS_ELEMENTS)
+# and that Horovod's per-op overhead (a negotiation per collective, two per bucket) stays small.
+BUCKET_ELEMENTS = 1 << 17
 POLL_EVERY_GRADS = 8  # during backward, move the steps in flight on every this many parameters' gradients
 MIN_COMPRESS_ELEMENTS = 1 << 16  # smaller buckets go uncompressed: the saving is not worth a pass
 
@@ -82,10 +92,11 @@ class Bucket:
 
 @dataclass
 class InFlight:
-    """One step's buckets on the wire, stamped with the ring they were started in."""
+    """One step's buckets on the wire, stamped with the ring they were started in; a bucket
+    that backward has not started yet is None."""
     step: int
     world: int
-    transfers: list[Transfer]
+    transfers: list[Transfer | None]
 
 
 class SynchronousStep:
@@ -118,23 +129,28 @@ class GradientExchange:
     """Wraps an optimizer (plain torch, not hvd.DistributedOptimizer) with the exchange."""
 
     __slots__ = ("optimizer", "staleness", "stale_from_step", "codec_name", "block", "min_compress_elements",
-                 "compress_from_step", "buckets", "queue", "skipped_steps", "applied_steps", "wire", "name", "_ring",
-                 "_grads_seen", "_hooks", "__weakref__")
+                 "compress_from_step", "start_in_backward", "buckets", "queue", "skipped_steps", "applied_steps",
+                 "started_in_backward",
+                 "wire", "name", "_ring", "_next_step", "_starting", "_made", "_grads_seen", "_hooks", "__weakref__")
 
     def __init__(self, optimizer: torch.optim.Optimizer, parameters, staleness: int = 0, codec: str = "none",
                  block: int = 512, min_compress_elements: int = MIN_COMPRESS_ELEMENTS, compress_from_step: int = 0,
-                 bucket_elements: int = BUCKET_ELEMENTS, name: str = "transientvod.grads", stale_from_step: int = 0):
+                 bucket_elements: int = BUCKET_ELEMENTS, name: str = "transientvod.grads", stale_from_step: int = 0,
+                 start_in_backward: bool = True):
         """`name` prefixes the exchange's Horovod op names: two exchanges alive in one process
         at once (tests do that) need different names, since Horovod refuses a name in flight.
         Steps before `stale_from_step` are synchronous (finished in their own `step` call); from
-        it on, a step is applied s steps later (elastic.StalenessRule says why)."""
+        it on, a step is applied s steps later (elastic.StalenessRule says why). With
+        `start_in_backward` off, every bucket starts in `step` (one backward's gradients may
+        then be accumulated over several)."""
         if isinstance(optimizer, _DistributedOptimizer):
             raise ValueError("wrap the plain torch optimizer: the exchange replaces hvd.DistributedOptimizer.")
         if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
             raise ValueError(f"exchange.staleness is {staleness!r}; it must be 0 (synchronous) or more steps.")
         check_codec(codec, block)
-        if bucket_elements < 1:
-            raise ValueError(f"bucket_elements is {bucket_elements}; it must be at least 1.")
+        if isinstance(bucket_elements, bool) or not isinstance(bucket_elements, int) or bucket_elements < 1:
+            raise ValueError(f"exchange.bucket_elements is {bucket_elements!r}; it must be a whole number, "
+                             "at least 1.")
         self.optimizer = optimizer
         self.staleness = staleness
         self.stale_from_step = stale_from_step
@@ -142,13 +158,18 @@ class GradientExchange:
         self.block = block
         self.min_compress_elements = min_compress_elements
         self.compress_from_step = compress_from_step
+        self.start_in_backward = start_in_backward
         self.buckets = self._make_buckets([p for p in parameters if p.requires_grad], bucket_elements)
         self.queue: deque[InFlight] = deque()
         self.skipped_steps = 0
         self.applied_steps = 0
+        self.started_in_backward = 0  # buckets whose exchange a gradient hook started
         self.wire = Wire()
         self.name = name
         self._ring: int | None = None
+        self._next_step: int | None = None  # known once the ring has made a step: the next is one more
+        self._starting: InFlight | None = None  # the step whose buckets backward is starting
+        self._made: list[set[int]] = [set() for _ in self.buckets]  # ids of the params with this step's gradient
         self._grads_seen = 0
         # A protocol's next phase starts when a poll finds the last one done. Polled only at
         # step(), a scatter-reduce's second phase started a step late and the link idled
@@ -161,52 +182,65 @@ class GradientExchange:
         # buffers) for as long as the model does.
         this = weakref.ref(self)
 
-        def poll_from_backward(_param: torch.nn.Parameter) -> None:
-            exchange = this()
-            if exchange is not None:
-                exchange._poll_from_backward()
+        def hook_of(bucket: Bucket):
+            def gradient_made(param: torch.nn.Parameter) -> None:
+                exchange = this()
+                if exchange is not None:
+                    exchange._gradient_made(bucket, param)
+            return gradient_made
 
-        self._hooks = [p.register_post_accumulate_grad_hook(poll_from_backward)
+        self._hooks = [p.register_post_accumulate_grad_hook(hook_of(bucket))
                        for bucket in self.buckets for p in bucket.params]
 
     @staticmethod
     def _make_buckets(params, bucket_elements: int) -> list[Bucket]:
+        """Buckets in backward order: backward makes the last parameters' gradients first (the
+        usual case; another order costs overlap, not correctness). A bucket closes once it holds
+        `bucket_elements`; a smaller remainder (the first layers) joins the bucket before it if
+        under half that, since it completes only at the end of backward anyway."""
         groups, current, size = [], [], 0
-        for p in params:
-            if current and (size + p.numel() > bucket_elements or p.device != current[0].device):
+        for p in reversed(params):
+            if current and p.device != current[0].device:
                 groups.append(current)
                 current, size = [], 0
             current.append(p)
             size += p.numel()
+            if size >= bucket_elements:
+                groups.append(current)
+                current, size = [], 0
         if current:
-            groups.append(current)
+            joins = groups and size < bucket_elements // 2 and groups[-1][0].device == current[0].device
+            groups[-1:] = [groups[-1] + current] if joins else [*groups[-1:], current]
         return [Bucket(i, group) for i, group in enumerate(groups)]
 
     def zero_grad(self) -> None:
         if self.queue:
             self._advance()  # a phase that ended since step() starts its successor before forward
+        if self._starting is not None:
+            raise RuntimeError(f"gradient exchange: zero_grad() after backward without step({self._starting.step}); "
+                               "call step() once after every backward.")
         for bucket in self.buckets:
             bucket.bind_grads()
             bucket.grad.zero_()
+        for made in self._made:
+            made.clear()
 
     def step(self, step: int) -> bool:
-        """Start step `step`'s exchange; apply step `step - s`'s average. True if applied."""
+        """Start step `step`'s exchange (what backward has not); apply step `step - s`'s
+        average. True if applied."""
         if self._ring is None:
             self._ring = step  # the ring's first step: the same on every rank, new or old
-        world, rank = hvd.size(), hvd.rank()
-        # Horovod refuses an op whose name is still in flight. Names carry the ring and the
-        # step's slot, step % (s + 1): at most s + 1 steps are in flight, and a slot's last
-        # step was finished (every handle waited for) before `step` reuses it; a stable name per
-        # slot also lets Horovod's response cache know the op. The ring's first step keeps a
-        # new ring's names apart from any op a reset dropped, as elastic.CommitVote does, and
-        # drain() leaves nothing behind for the next exchange in the same process.
-        prefix = f"{self.name}.r{self._ring}.s{step % (self.staleness + 1)}"
-        transfers = []
+        record, self._starting = self._starting, None
+        if record is None:
+            record = InFlight(step, hvd.size(), [None] * len(self.buckets))
+        elif record.step != step:
+            raise RuntimeError(f"gradient exchange: step({step}) came after step({record.step - 1}); within a ring "
+                               "the steps must count up by one (reset() starts a new ring).")
         for bucket in self.buckets:
-            codec = self._codec_for(bucket, step)
-            protocol = codec.start(bucket.grad, self.wire, f"{prefix}.b{bucket.index}", world, rank)
-            transfers.append(Transfer(protocol))
-        self.queue.append(InFlight(step, world, transfers))
+            if record.transfers[bucket.index] is None:
+                record.transfers[bucket.index] = self._start(bucket, step)
+        self.queue.append(record)
+        self._next_step = step + 1
         self._advance()
         delay = self.staleness if step >= self.stale_from_step else 0
         if len(self.queue) <= delay:
@@ -226,19 +260,46 @@ class GradientExchange:
     def reset(self) -> None:
         """After an elastic reset (reset callback): drop what is still in flight, which after a
         drain is nothing, and restart error feedback from zero on every rank, owners' too."""
-        dropped = len(self.queue)
+        dropped = len(self.queue) + (self._starting is not None)
         self.queue.clear()
-        self._ring = None
+        self._ring = self._next_step = self._starting = None
+        for made in self._made:
+            made.clear()
         self._reset_residuals()
         if dropped:
             log.info("gradient exchange: dropped %d step(s) of gradients in flight at the reset", dropped)
 
     # -- steps in flight --------------------------------------------------------------------
 
-    def _poll_from_backward(self) -> None:
+    def _gradient_made(self, bucket: Bucket, param: torch.nn.Parameter) -> None:
+        """A gradient hook: start the bucket once backward has made all its gradients (from the
+        ring's second step on, when the step's number is known), and poll now and then."""
         self._grads_seen += 1
-        if self.queue and self._grads_seen % POLL_EVERY_GRADS == 0:
+        if self.start_in_backward:
+            made = self._made[bucket.index]
+            if id(param) in made:
+                raise RuntimeError("gradient exchange: a second backward() before step(); the exchange starts each "
+                                   "bucket from the first, so pass start_in_backward=False to accumulate gradients.")
+            made.add(id(param))
+            if len(made) == len(bucket.params) and self._next_step is not None:
+                if self._starting is None:
+                    self._starting = InFlight(self._next_step, hvd.size(), [None] * len(self.buckets))
+                self._starting.transfers[bucket.index] = self._start(bucket, self._next_step)
+                self.started_in_backward += 1
+        if (self.queue or self._starting) and self._grads_seen % POLL_EVERY_GRADS == 0:
             self._advance()
+
+    def _start(self, bucket: Bucket, step: int) -> Transfer:
+        """Encode the bucket and start its first phase, under a name no op in flight has.
+        Horovod refuses an op whose name is still in flight. Names carry the ring and the
+        step's slot, step % (s + 1): at most s + 1 steps are in flight, and a slot's last step
+        was finished (every handle waited for) before its successor's backward begins; a stable
+        name per slot also lets Horovod's response cache know the op. The ring's first step
+        keeps a new ring's names apart from any op a reset dropped, as elastic.CommitVote does,
+        and drain() leaves nothing behind for the next exchange in the same process."""
+        name = f"{self.name}.r{self._ring}.s{step % (self.staleness + 1)}.b{bucket.index}"
+        codec = self._codec_for(bucket, step)
+        return Transfer(codec.start(bucket.grad, self.wire, name, hvd.size(), hvd.rank()))
 
     def _codec_for(self, bucket: Bucket, step: int):
         compress = step >= self.compress_from_step and bucket.grad.numel() >= self.min_compress_elements
@@ -248,10 +309,13 @@ class GradientExchange:
         """Move every step in flight on to its next phase where the last one is done, without
         blocking. A bucket's newer step never overtakes an older one: an owner's residual must
         see the steps in order."""
+        records = [*self.queue, self._starting] if self._starting is not None else self.queue
         for index in range(len(self.buckets)):
             older_done = None  # phases the older step of this bucket has done; None: complete
-            for record in self.queue:
+            for record in records:
                 transfer = record.transfers[index]
+                if transfer is None:
+                    break  # not started yet (only the newest step has such buckets)
                 transfer.advance(until=older_done)
                 older_done = None if transfer.complete else transfer.phases_done
 

@@ -210,6 +210,7 @@ def train(config: Config, record=None) -> None:
     else:
         stepper = GradientExchange(optimizer, model.parameters(), staleness=ex.staleness, codec=ex.codec,
                                    block=ex.block, min_compress_elements=ex.min_compress_elements,
+                                   bucket_elements=ex.bucket_elements,
                                    compress_from_step=int(ex.compress_after * config.train.steps),
                                    stale_from_step=staleness_rule.stale_from_step)
     train_set = TensorDataset(data.train_x, data.train_y)

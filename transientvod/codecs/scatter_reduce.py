@@ -145,10 +145,10 @@ class ScatterReduce:
         # What this owner sends on: its own flag or any sender's.
         flag = torch.maximum(owner_bad.float(), side_in[:, my_scales].max().reshape(1))
         outgoing, sizes = pack([(torch.cat((reduced_scales, flag)), reduced)] * world, device)
-        (gathered, _), = yield [wire.alltoall(outgoing, sizes, name + ".gather")]
+        (from_owners, _), = yield [wire.alltoall(outgoing, sizes, name + ".owners")]
 
         # -- phase 3 (when the optimizer wants it): decode the whole bucket ----------------------
-        rows, everything = unpack_segments(gathered, [count + 1 for count in layout.scales], fmt.payload,
+        rows, everything = unpack_segments(from_owners, [count + 1 for count in layout.scales], fmt.payload,
                                            layout.elements)
         owners_flag = torch.stack([row[-1] for row in rows]).max()
         all_scales = torch.cat([row[:-1] for row in rows]) if fmt.scaled else None

@@ -85,6 +85,7 @@ def validate(config: Config, source: str = "config") -> None:
         "spot.poll_seconds": config.spot.poll_seconds,
         "spot.time_scale": config.spot.time_scale,
         "notices.poll_seconds": config.notices.poll_seconds,
+        "exchange.bucket_elements": config.exchange.bucket_elements,
     }
     for key, value in positive.items():
         if value <= 0:
