@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from testbed import (RESNET32, cpu_ms_per_step, job_config, job_directory, job_env, run_to_end,  # noqa: E402
                      steps_per_second, testbed)
 from transientvod.codecs import payload_bytes  # noqa: E402
-from transientvod.config.schema import ModelConfig  # noqa: E402
+from transientvod.config.schema import ExchangeConfig, ModelConfig  # noqa: E402
 from transientvod.models import build_model, count_parameters  # noqa: E402
 from transientvod.testbed import cluster  # noqa: E402
 from transientvod.testbed.rehearsal import Rehearsal  # noqa: E402
@@ -60,9 +60,9 @@ UNSHAPED_COST = 0.10
 
 
 def run_exchange(record, out: str, bandwidth: str, codec: str, staleness: int, steps: int,
-                 step_seconds: float, seed: int) -> tuple[float, float, float]:
+                 step_seconds: float, seed: int, bucket_elements: int) -> tuple[float, float, float]:
     """One job: (steps/s, final test accuracy, rank 0's CPU ms per step)."""
-    exchange = {"codec": codec, "staleness": staleness, "compress_after": 0.0}
+    exchange = {"codec": codec, "staleness": staleness, "compress_after": 0.0, "bucket_elements": bucket_elements}
     link = bandwidth.replace("/", "-q")  # 25mbit/400ms: a rate and tbf's queue
     with job_directory(out, f"exchange-{link}-{codec}-s{staleness}") as directory:
         config = job_config(model=RESNET32, exchange=exchange, optimizer=OPTIMIZER,
@@ -81,7 +81,7 @@ def measure(args) -> dict:
         with testbed("tvdxchg", args.hosts, "" if bandwidth == UNSHAPED else bandwidth, args.congestion) as record:
             for codec, staleness in args.exchanges:
                 rate, accuracy, cpu_ms = run_exchange(record, args.out, bandwidth, codec, staleness, args.steps,
-                                                      args.step_seconds, args.seed)
+                                                      args.step_seconds, args.seed, args.bucket_elements)
                 results[(bandwidth, codec, staleness)] = (rate, accuracy, cpu_ms)
                 print(f"{bandwidth} {codec} s={staleness}: {rate:.2f} steps/s, accuracy {100 * accuracy:.2f} %, "
                       f"rank 0 {cpu_ms:.0f} CPU ms/step", flush=True)
@@ -199,6 +199,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0,
                         help="the jobs' train.seed (initial weights, batch order): a second seed tells a real "
                              "accuracy difference from one run's luck")
+    parser.add_argument("--bucket-elements", type=int, default=ExchangeConfig.bucket_elements,
+                        help="exchange.bucket_elements of every row but none at staleness 0 (Horovod's own "
+                             "buckets); 4194304: ResNet-32 in one bucket, started when backward ends")
     parser.add_argument("--out", default="runs/exchange-bench", help="keep each job's directory here ('' to not)")
     parser.add_argument("--exchanges", default=",".join(f"{c}:{s}" for c, s in EXCHANGES),
                         help="codec:staleness pairs, comma-separated (the goals need all six)")

@@ -192,6 +192,13 @@ def test_a_second_backward_before_step_is_one_sentence():
     assert model.weight.grad.eq(2.0).all()
 
 
+def test_the_config_defaults_are_the_exchange_defaults():
+    from transientvod.config.schema import ExchangeConfig
+    from transientvod.exchange import BUCKET_ELEMENTS, MIN_COMPRESS_ELEMENTS
+    assert (ExchangeConfig().bucket_elements, ExchangeConfig().min_compress_elements) == (BUCKET_ELEMENTS,
+                                                                                          MIN_COMPRESS_ELEMENTS)
+
+
 def test_buckets_are_cut_in_backward_order():
     """The last parameters first; a bucket closes at bucket_elements; a remainder under half of
     it joins the bucket before it."""

@@ -116,7 +116,7 @@ class ExchangeConfig:
     compress_after: float = 0.1  # fraction of train.steps sent uncompressed first (warm-up)
     min_compress_elements: int = 65536  # smaller buckets go uncompressed
     # Gradients travel in buckets cut in backward order; each starts during backward once its
-    # gradients are made. Smaller: more overlap, more ops per step (transientvod/exchange.py).
+    # gradients are made. Smaller: more overlap, more ops per step (exchange.BUCKET_ELEMENTS: why 131072).
     bucket_elements: int = 131072
     stale_lr: bool = False  # divide the learning rate by 1 + s
     stale_momentum: bool = True  # while s > 0: momentum - s/(s+1), at least 0 (a delay adds that much of its own)
