@@ -199,6 +199,26 @@ def test_the_config_defaults_are_the_exchange_defaults():
                                                                                           MIN_COMPRESS_ELEMENTS)
 
 
+def test_a_discarded_exchange_frees_its_codecs_while_the_model_lives():
+    """The gradient hooks stay on the model's parameters; they must not hold the exchange, nor
+    its buckets' codecs (a residual as big as the gradient)."""
+    import gc
+    import weakref
+
+    class Codec:  # stands in for a codec and its residual
+        pass
+
+    model = torch.nn.Linear(4, 2)
+    exchange = GradientExchange(torch.optim.SGD(model.parameters(), lr=1.0), model.parameters())
+    codec = Codec()
+    exchange.buckets[0].codecs["fp16"] = codec
+    exchange_ref, codec_ref = weakref.ref(exchange), weakref.ref(codec)
+    del exchange, codec
+    gc.collect()
+    assert exchange_ref() is None and codec_ref() is None
+    model(torch.ones(1, 4)).sum().backward()  # the hooks find no exchange and do nothing
+
+
 def test_buckets_are_cut_in_backward_order():
     """The last parameters first; a bucket closes at bucket_elements; a remainder under half of
     it joins the bucket before it."""

@@ -185,10 +185,11 @@ class GradientExchange:
         this = weakref.ref(self)
 
         def hook_of(bucket: Bucket):
+            index = bucket.index  # not the bucket: its codecs' residuals must go with the exchange
             def gradient_made(param: torch.nn.Parameter) -> None:
                 exchange = this()
                 if exchange is not None:
-                    exchange._gradient_made(bucket, param)
+                    exchange._gradient_made(exchange.buckets[index], param)
             return gradient_made
 
         self._hooks = [p.register_post_accumulate_grad_hook(hook_of(bucket))
