@@ -147,8 +147,12 @@ def test_write_error_is_raised_by_wait_and_by_the_next_submit_as_one_sentence(tm
         writer.submit(200, training_state(200), CONFIG_YAML)
 
 
+# Each line goes out in one os.write: print() writes the text and the newline separately, so
+# from two threads "writing" could land inside a step's line ("step 205writing"), the test
+# never saw it and read on until pytest's timeout: the likely cause of one CI run that hung
+# here for 600 s (two threads printing 200,000 lines each garbled 6,562 of them on this machine).
 KILLED_MID_WRITE = """
-import sys, time
+import os, sys, time
 import torch
 from transientvod.checkpoint import local
 from transientvod.checkpoint_writer import BackgroundCheckpointWriter
@@ -159,7 +163,7 @@ def stalled_write(path, data):
         with open(path, "wb") as f:  # half the bytes, then the disk is 'slow'
             f.write(data[: len(data) // 2])
             f.flush()
-        print("writing", flush=True)
+        os.write(1, b"writing\\n")
         time.sleep(600)  # the test kills the process here
     write_durably(path, data)
 local._write_durably = stalled_write
@@ -167,9 +171,11 @@ local._write_durably = stalled_write
 writer = BackgroundCheckpointWriter(local.LocalCheckpointStore(sys.argv[1]))
 writer.submit(200, {"weights": torch.randn(1 << 20), "step": 200}, "killed: true\\n")
 for step in range(201, 100000):  # the training thread goes on while the write stalls
-    print(f"step {step}", flush=True)
+    writer.raise_failure()  # a write that failed before the stall: its error, not silence
+    os.write(1, f"step {step}\\n".encode())
     time.sleep(0.01)
 """
+WRITING_WITHIN_SECONDS = 60  # "writing" and 3 steps after it; normally about a second
 
 
 def test_worker_killed_during_a_background_write_leaves_the_previous_checkpoint(tmp_path):
@@ -179,14 +185,32 @@ def test_worker_killed_during_a_background_write_leaves_the_previous_checkpoint(
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
     child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(KILLED_MID_WRITE), str(tmp_path)],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    # Lines are read in a thread, so that a child that never reaches the write fails the test
+    # at a deadline with what it printed, instead of holding it until pytest's timeout.
+    lines: list[str] = []
+    reached, stopped = threading.Event(), threading.Event()  # mid-write with 3 steps after; or the output ended
+
+    def read_lines() -> None:
         seen_writing, steps_after = False, 0
         for line in child.stdout:
+            lines.append(line)
             seen_writing = seen_writing or line.strip() == "writing"
             steps_after += seen_writing and line.startswith("step ")
             if steps_after >= 3:  # mid-write, and training did not wait for it
-                break
-        assert steps_after >= 3, child.stderr.read()
+                reached.set()
+        stopped.set()
+
+    threading.Thread(target=read_lines, daemon=True).start()
+    try:
+        deadline = time.monotonic() + WRITING_WITHIN_SECONDS
+        while not (reached.is_set() or stopped.is_set()) and time.monotonic() < deadline:
+            reached.wait(0.1)
+        if not reached.is_set():
+            child.kill()
+            child.wait(timeout=30)
+            pytest.fail(f"the child did not reach the stalled write (it ended, or took over "
+                        f"{WRITING_WITHIN_SECONDS} s); exit {child.returncode}; last lines {lines[-5:]}; "
+                        f"stderr:\n{child.stderr.read()[-4000:]}")
         os.kill(child.pid, signal.SIGKILL)  # as the cloud or the OOM killer would
         child.wait(timeout=30)
     finally:
