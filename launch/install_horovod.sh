@@ -21,8 +21,11 @@
 # the elastic driver's message to a vanished coordinator neither waits minutes nor holds its lock;
 # the rendezvous server and the workers' notification services listen on the one address
 # their peers are told to use (loopback for a job on this machine), not on every interface;
-# and `hvd.synchronize` (every blocking op: allreduce, broadcast_object, the elastic state's
-# sync) sleeps between polls instead of keeping a core busy while it waits for a peer.
+# `hvd.synchronize` (every blocking op: allreduce, broadcast_object, the elastic state's
+# sync) sleeps between polls instead of keeping a core busy while it waits for a peer;
+# and a survivor that enqueues an op (a gradient hook) just as a dead peer's ring shuts down
+# gets HorovodInternalError instead of hanging: ops are enqueued without the GIL (the
+# shutdown destroys tensors under locks the enqueue takes), and a finalized queue refuses ops.
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1

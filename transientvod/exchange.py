@@ -212,8 +212,10 @@ class GradientExchange:
                 groups.append(current)
                 current, size = [], 0
         if current:
-            joins = groups and size < bucket_elements // 2 and groups[-1][0].device == current[0].device
-            groups[-1:] = [groups[-1] + current] if joins else [*groups[-1:], current]
+            if groups and size < bucket_elements // 2 and groups[-1][0].device == current[0].device:
+                groups[-1].extend(current)
+            else:
+                groups.append(current)
         return [Bucket(i, group) for i, group in enumerate(groups)]
 
     def zero_grad(self) -> None:
@@ -234,7 +236,7 @@ class GradientExchange:
             self._ring = step  # the ring's first step: the same on every rank, new or old
         record, self._starting = self._starting, None
         if record is None:
-            record = InFlight(step, hvd.size(), [None] * len(self.buckets))
+            record = self._unstarted(step)
         elif record.step != step:
             raise RuntimeError(f"gradient exchange: step({step}) came after step({record.step - 1}); within a ring "
                                "the steps must count up by one (reset() starts a new ring).")
@@ -285,11 +287,14 @@ class GradientExchange:
             made.add(id(param))
             if len(made) == len(bucket.params) and self._next_step is not None:
                 if self._starting is None:
-                    self._starting = InFlight(self._next_step, hvd.size(), [None] * len(self.buckets))
+                    self._starting = self._unstarted(self._next_step)
                 self._starting.transfers[bucket.index] = self._start(bucket, self._next_step)
                 self.started_in_backward += 1
         if (self.queue or self._starting) and self._grads_seen % POLL_EVERY_GRADS == 0:
             self._advance()
+
+    def _unstarted(self, step: int) -> InFlight:
+        return InFlight(step, hvd.size(), [None] * len(self.buckets))
 
     def _forget_made(self) -> None:
         for made in self._made:
