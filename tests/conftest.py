@@ -99,8 +99,13 @@ def run_probe(probe: str, world: int, *args: str) -> list[dict]:
                            sys.executable, str(REPO / "tests" / probe), *args],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0, explain(done)
+    return probe_rows(done.stdout)
+
+
+def probe_rows(output: str) -> list[dict]:
+    """The JSON lines that ranks printed, from horovodrun's "[rank]<stdout>:" prefixed output."""
     rows = []
-    for line in done.stdout.splitlines():
+    for line in output.splitlines():
         _, _, text = line.partition(">:")
         if text.startswith("{"):
             rows.append(json.loads(text))
