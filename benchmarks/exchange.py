@@ -36,8 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from testbed import (RESNET32, cpu_ms_per_step, job_config, job_directory, job_env, run_to_end,  # noqa: E402
-                     steps_per_second, testbed)
+from testbed import (RESNET32, MachineLoad, busy_share, cpu_ms_per_step, job_config, job_directory,  # noqa: E402
+                     job_env, ms_per_step, run_to_end, steps_per_second, testbed)
 from transientvod.codecs import payload_bytes  # noqa: E402
 from transientvod.config.schema import ExchangeConfig, ModelConfig  # noqa: E402
 from transientvod.models import build_model, count_parameters  # noqa: E402
@@ -60,8 +60,9 @@ UNSHAPED_COST = 0.10
 
 
 def run_exchange(record, out: str, bandwidth: str, codec: str, staleness: int, steps: int,
-                 step_seconds: float, seed: int, bucket_elements: int) -> tuple[float, float, float]:
-    """One job: (steps/s, final test accuracy, rank 0's CPU ms per step)."""
+                 step_seconds: float, seed: int, bucket_elements: int) -> tuple[float, ...]:
+    """One job: (steps/s, final test accuracy, rank 0's CPU ms per step, rank 0's ms per step
+    waiting for the exchange and the commit vote, the machine's busy share)."""
     exchange = {"codec": codec, "staleness": staleness, "compress_after": 0.0, "bucket_elements": bucket_elements}
     link = bandwidth.replace("/", "-q")  # 25mbit/400ms: a rate and tbf's queue
     with job_directory(out, f"exchange-{link}-{codec}-s{staleness}") as directory:
@@ -69,9 +70,11 @@ def run_exchange(record, out: str, bandwidth: str, codec: str, staleness: int, s
                             train={"steps": steps, "commit_every": 50, "checkpoint_every": steps, "seed": seed},
                             cluster={"min_np": len(record.layout.hosts), "max_np": len(record.layout.hosts)})
         job = Rehearsal(record, directory, "exchange", config)
-        run_to_end(job, job.cloud_hosts(), job_env(step_seconds), timeout=max(1800, steps * 3))
+        with MachineLoad() as load:
+            run_to_end(job, job.cloud_hosts(), job_env(step_seconds), timeout=max(1800, steps * 3))
+        waited = sum(ms_per_step(job, key, MEASURED_FROM_STEP) for key in ("exchange_wait_s", "vote_wait_s"))
         return (steps_per_second(job, MEASURED_FROM_STEP), job.summary()["test_accuracy"],
-                cpu_ms_per_step(job, MEASURED_FROM_STEP))
+                cpu_ms_per_step(job, MEASURED_FROM_STEP), waited, busy_share(job, load, MEASURED_FROM_STEP))
 
 
 def measure(args) -> dict:
@@ -80,11 +83,13 @@ def measure(args) -> dict:
     for bandwidth in args.bandwidths.split(","):
         with testbed("tvdxchg", args.hosts, "" if bandwidth == UNSHAPED else bandwidth, args.congestion) as record:
             for codec, staleness in args.exchanges:
-                rate, accuracy, cpu_ms = run_exchange(record, args.out, bandwidth, codec, staleness, args.steps,
-                                                      args.step_seconds, args.seed, args.bucket_elements)
-                results[(bandwidth, codec, staleness)] = (rate, accuracy, cpu_ms)
+                row = run_exchange(record, args.out, bandwidth, codec, staleness, args.steps, args.step_seconds,
+                                   args.seed, args.bucket_elements)
+                results[(bandwidth, codec, staleness)] = row
+                rate, accuracy, cpu_ms, wait_ms, busy = row
                 print(f"{bandwidth} {codec} s={staleness}: {rate:.2f} steps/s, accuracy {100 * accuracy:.2f} %, "
-                      f"rank 0 {cpu_ms:.0f} CPU ms/step", flush=True)
+                      f"rank 0 {cpu_ms:.0f} CPU ms/step, {wait_ms:.1f} ms/step waiting; machine {busy:.0%} busy",
+                      flush=True)
     return results
 
 
@@ -129,16 +134,21 @@ def report(results: dict, args) -> None:
     print(f"\nResNet-32, {args.hosts} hosts, batch 16/worker, {args.steps} steps per run, "
           f"{1000 * args.step_seconds:.0f} ms of sleep per step, seed {args.seed}, TCP congestion control "
           f"{args.congestion or current_congestion_control()}; steps/s, and communication ms/step "
-          f"(step time shaped - unshaped), rank 0's CPU ms/step at {bandwidths[0]}")
+          f"(step time shaped - unshaped), rank 0's ms/step waiting for the exchange and the commit vote, "
+          f"the machine's busy share of all cores, rank 0's CPU ms/step at {bandwidths[0]}")
     rate_width = max(len(b) for b in bandwidths) + 2  # 25mbit/400ms is wider than a rate
     comm_width = rate_width + 5
     print(f"{'codec':<6}{'s':>3}" + "".join(f"{b:>{rate_width}}" for b in bandwidths)
-          + "".join(f"{'comm ' + b:>{comm_width}}" for b in shaped) + f"{'accuracy %':>12}{'CPU ms':>8}")
+          + "".join(f"{'comm ' + b:>{comm_width}}" for b in shaped)
+          + "".join(f"{'wait ' + b:>{comm_width}}" for b in shaped)
+          + "".join(f"{'busy ' + b:>{comm_width}}" for b in bandwidths) + f"{'accuracy %':>12}{'CPU ms':>8}")
     for codec, staleness in args.exchanges:
         row = f"{codec:<6}{staleness:>3}" + "".join(f"{results[(b, codec, staleness)][0]:>{rate_width}.2f}"
                                                     for b in bandwidths)
         if UNSHAPED in bandwidths:
             row += "".join(f"{communication_ms(results, b, codec, staleness):>{comm_width}.1f}" for b in shaped)
+        row += "".join(f"{results[(b, codec, staleness)][3]:>{comm_width}.1f}" for b in shaped)
+        row += "".join(f"{results[(b, codec, staleness)][4]:>{comm_width}.0%}" for b in bandwidths)
         row += f"{100 * results[(bandwidths[0], codec, staleness)][1]:>12.2f}"
         row += f"{results[(bandwidths[0], codec, staleness)][2]:>8.0f}"
         print(row)

@@ -45,6 +45,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -138,6 +139,48 @@ def run_to_end(job: Rehearsal, discovery: str | None, env: dict, timeout: float)
     return wall
 
 
+class MachineLoad:
+    """This machine's CPU use while a job runs, sampled from /proc/stat by a thread: on cores
+    that all the testbed's workers share, a step that waits may be waiting for CPU, not for
+    the link. `busy_share(t0, t1)` is the share of all cores busy between two wall times."""
+
+    SAMPLE_SECONDS = 0.5
+
+    def __init__(self):
+        self.samples: list[tuple[float, int, int]] = []  # (time.time(), busy jiffies, all jiffies)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="machine-load", daemon=True)
+
+    def __enter__(self) -> "MachineLoad":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while True:
+            fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+            idle = fields[3] + fields[4]  # idle and iowait
+            self.samples.append((time.time(), sum(fields) - idle, sum(fields)))
+            if self._stop.wait(self.SAMPLE_SECONDS):
+                return
+
+    def busy_share(self, start: float, end: float) -> float:
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        if len(inside) < 2:
+            return float("nan")
+        (_, busy_0, all_0), (_, busy_1, all_1) = inside[0], inside[-1]
+        return (busy_1 - busy_0) / max(1, all_1 - all_0)
+
+
+def busy_share(job: Rehearsal, load: MachineLoad, from_step: int = MEASURED_FROM_STEP) -> float:
+    """The machine's busy share over the same steps as steps_per_second."""
+    first, last = _first_and_last(job, "time", from_step)
+    return load.busy_share(first["time"], last["time"])
+
+
 def _first_and_last(job: Rehearsal, key: str, from_step: int) -> tuple[dict, dict]:
     """Rank 0's first and last metrics rows that carry `key`, from `from_step` on."""
     rows = [r for r in job.rows("metrics.jsonl") if key in r and r["step"] >= from_step]
@@ -152,8 +195,14 @@ def steps_per_second(job: Rehearsal, from_step: int = MEASURED_FROM_STEP) -> flo
 def cpu_ms_per_step(job: Rehearsal, from_step: int = MEASURED_FROM_STEP) -> float:
     """Rank 0's CPU time per step (all its threads), over the same steps as steps_per_second:
     on cores that 4 workers share, it shows what a step costs where the wall time swings."""
-    first, last = _first_and_last(job, "cpu_s", from_step)
-    return 1000 * (last["cpu_s"] - first["cpu_s"]) / (last["step"] - first["step"])
+    return ms_per_step(job, "cpu_s", from_step)
+
+
+def ms_per_step(job: Rehearsal, key: str, from_step: int = MEASURED_FROM_STEP) -> float:
+    """What a cumulative seconds counter of rank 0's metrics rows (cpu_s, exchange_wait_s,
+    vote_wait_s) grew by per step, in ms, over the same steps as steps_per_second."""
+    first, last = _first_and_last(job, key, from_step)
+    return 1000 * (last[key] - first[key]) / (last["step"] - first["step"])
 
 
 # -- soak and vanish ---------------------------------------------------------------------------

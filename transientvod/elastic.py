@@ -256,11 +256,12 @@ class CommitVote:
     afresh on every rank (a new worker starts with none, like the rest).
     """
 
-    __slots__ = ("_in_flight", "_name")
+    __slots__ = ("_in_flight", "_name", "waited_seconds")
 
     def __init__(self):
         self._in_flight = None
         self._name = "transientvod.commit_vote"
+        self.waited_seconds = 0.0  # for last step's answer: ops queued ahead of it in Horovod delay it
 
     def reset(self) -> None:
         self._in_flight = None
@@ -289,7 +290,9 @@ class CommitVote:
         if self._in_flight is None:
             return NO_VOTE
         handle, self._in_flight = self._in_flight, None
+        began = time.perf_counter()
         notice, hosts_update = wait([handle])[0].tolist()
+        self.waited_seconds += time.perf_counter() - began
         return Vote(notice=bool(notice), hosts_update=bool(hosts_update))
 
 

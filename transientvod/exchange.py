@@ -105,10 +105,12 @@ class SynchronousStep:
     """hvd.DistributedOptimizer behind the exchange's interface, so that the loop has one step
     path: zero_grad, backward, step(step), drain at the end, reset after an elastic reset."""
 
-    __slots__ = ("optimizer",)
+    __slots__ = ("optimizer", "waited_seconds")
 
     def __init__(self, optimizer: torch.optim.Optimizer):
         self.optimizer = optimizer
+        self.waited_seconds = 0.0  # in step(), for the allreduces: the communication not hidden
+
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad()
@@ -116,7 +118,9 @@ class SynchronousStep:
     def step(self, step: int) -> bool:
         # The gradients' allreduces started during backward; wait for them without Horovod's
         # spinning synchronize (horovod_wait.py), then step() finds them done.
+        began = time.perf_counter()
         wait_for_distributed_optimizer(self.optimizer)
+        self.waited_seconds += time.perf_counter() - began
         self.optimizer.step()
         return True
 
@@ -132,7 +136,7 @@ class GradientExchange:
 
     __slots__ = ("optimizer", "staleness", "stale_from_step", "codec_name", "block", "min_compress_elements",
                  "compress_from_step", "start_in_backward", "buckets", "queue", "skipped_steps", "applied_steps",
-                 "started_in_backward",
+                 "started_in_backward", "waited_seconds",
                  "wire", "name", "_ring", "_next_step", "_starting", "_made", "_grads_seen", "_hooks", "__weakref__")
 
     def __init__(self, optimizer: torch.optim.Optimizer, parameters, staleness: int = 0, codec: str = "none",
@@ -166,6 +170,7 @@ class GradientExchange:
         self.skipped_steps = 0
         self.applied_steps = 0
         self.started_in_backward = 0  # buckets whose exchange a gradient hook started
+        self.waited_seconds = 0.0  # in step() and drain(), for the oldest step: the communication not hidden
         self.wire = Wire()
         self.name = name
         self._ring: int | None = None
@@ -334,12 +339,13 @@ class GradientExchange:
         """Wait for the oldest step in flight and apply it. The wait keeps moving every step in
         flight on (a blocking wait on the oldest alone left the link idle whenever a younger
         step's phase ended meanwhile: its next phase waited for the next poll)."""
-        oldest = self.queue[0]
+        oldest, began = self.queue[0], time.perf_counter()
         while True:
             self._advance()
             if all(transfer.complete for transfer in oldest.transfers):
                 break
             time.sleep(POLL_SECONDS)
+        self.waited_seconds += time.perf_counter() - began
         return self._finish(self.queue.popleft())
 
     def _finish(self, record: InFlight) -> bool:

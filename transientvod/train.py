@@ -286,6 +286,10 @@ def train(config: Config, record=None) -> None:
                            # Gloo's too): what a step costs on a CPU-bound host, which wall
                            # time on shared cores hides.
                            "cpu_s": round(time.process_time(), 3),
+                           # Seconds so far that this rank waited for the gradient exchange and
+                           # for the commit vote: the communication that compute did not hide.
+                           "exchange_wait_s": round(stepper.waited_seconds, 3),
+                           "vote_wait_s": round(commit_vote.waited_seconds, 3),
                            "time": time.time()}
                     books.on_log(state, row)
                     record.append("metrics.jsonl", row)
