@@ -16,11 +16,12 @@ import sys
 import time
 import zlib
 
+import numba
 import torch
 
 import horovod.torch as hvd
 
-from transientvod.exchange import GradientExchange
+from transientvod.exchange import GradientExchange, SynchronousStep
 
 CODECS = ("none", "fp16", "bf16", "int8")
 COMPRESSED = ("fp16", "bf16", "int8")
@@ -279,6 +280,28 @@ def lost_peer_reset(codec: str) -> dict:
             "residuals_before": before, "residuals_after": after}
 
 
+def waited(codec: str, steps: int = 6, late: float = 0.1) -> dict:
+    """Rank 1 reaches every step `late` seconds after rank 0 (s = 0): the time rank 0 spends in
+    step() waiting for the exchange must count it; `none` goes through SynchronousStep."""
+    if codec == "none":
+        param = torch.nn.Parameter(torch.zeros(SIZE, device=DEVICE))
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD([param], lr=1.0), named_parameters=[("waited", param)])
+        exchange = SynchronousStep(optimizer)
+    else:
+        param, exchange = one_param_exchange(SIZE, codec, name=f"waited.{codec}")
+    per_step = []
+    for step in range(steps):
+        exchange.zero_grad()
+        if hvd.rank() == 1:
+            time.sleep(late)
+        (param * 1.0).sum().backward()
+        before = exchange.waited_seconds
+        exchange.step(step)
+        per_step.append(exchange.waited_seconds - before)
+    exchange.drain()
+    return {"codec": codec, "late": late, "waited": per_step}
+
+
 def sent_bytes(codec: str) -> dict:
     param, exchange = one_param_exchange(SIZE, codec, block=BLOCK)
     exchange.zero_grad()
@@ -336,13 +359,17 @@ CHECKS = {
     "drain": lambda: [drain_count(c) for c in CODECS],
     "lost_peer": lambda: [lost_peer_reset(c) for c in COMPRESSED],
     "bytes": lambda: [sent_bytes(c) for c in CODECS],
+    "waited": lambda: [waited(c) for c in CODECS],
     "wire_bytes": lambda: [wire_bytes(c) for c in CODECS],  # on a testbed: one rank per host
 }
 
 
 def main() -> int:
     hvd.init()
+    # One thread each for torch and the numba kernels, as train.py gives workers that share the
+    # cores: 2 ranks with 2 numba threads each on 2 cores made one owner's pass take 1-30 ms.
     torch.set_num_threads(1)
+    numba.set_num_threads(1)
     if DEVICE.type == "cuda":
         gpus = torch.cuda.device_count()
         torch.cuda.set_device(hvd.local_rank() % gpus)

@@ -23,7 +23,7 @@ BOUNDS = {"none": 1e-6, "fp16": 2.0 ** -10, "bf16": 2.0 ** -8, "int8": 2.0 / 127
 PAYLOAD_BYTES = {"fp16": 2, "bf16": 2, "int8": 1}
 CHECKS_BY_WORLD = {
     2: ("bitident", "average", "stale", "stale_from", "nan", "buckets", "switch", "drain", "lost_peer", "bytes",
-        "backward_polls", "backward_starts"),
+        "backward_polls", "backward_starts", "waited"),
     3: ("bitident_one_tensor", "average", "bytes"),
     4: ("owner_residual", "bytes"),
 }
@@ -123,6 +123,19 @@ def test_a_small_steady_gradient_arrives_in_full_through_the_owners_residual(cod
         assert row["applied"] == row["steps"] == 200, row
         for part in ("steady_a", "steady_b", "noisy_a", "noisy_b"):
             assert row[part] == pytest.approx(1.0, abs=0.10), (part, row)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("codec", CODECS)
+def test_waited_seconds_count_the_time_a_rank_waits_for_a_late_peer(codec):
+    """benchmarks/exchange.py reports waited_seconds as the communication compute did not hide."""
+    found = {row["rank"]: row for row in rows(2, "waited") if row["codec"] == codec}
+    # Per step, from the second (the first also waits for Horovod's first negotiation of a name).
+    early, late = sum(found[0]["waited"][1:]), sum(found[1]["waited"][1:])
+    steps, lag = len(found[0]["waited"]) - 1, found[0]["late"]
+    # Rank 0 cannot finish a step before rank 1 has started it, `lag` seconds after rank 0 did.
+    assert early >= 0.8 * steps * lag, found
+    assert late < early / 4, found  # rank 1 finds its peer's data there
 
 
 @pytest.mark.slow

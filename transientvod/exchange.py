@@ -111,7 +111,6 @@ class SynchronousStep:
         self.optimizer = optimizer
         self.waited_seconds = 0.0  # in step(), for the allreduces: the communication not hidden
 
-
     def zero_grad(self) -> None:
         self.optimizer.zero_grad()
 
