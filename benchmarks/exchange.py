@@ -202,7 +202,7 @@ def main() -> None:
                              f"the goals need '{UNSHAPED}'")
     parser.add_argument("--congestion", default="",
                         help="every testbed machine's TCP congestion control (cubic, bbr); default: this machine's. "
-                             "At 25mbit/400ms it decides how much of the link the ring allreduce uses (README)")
+                             "At 25mbit/400ms it decides how much of the link the ring allreduce uses (benchmarks/RESULTS.md)")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--step-seconds", type=float, default=0.0,
                         help="sleep per step on every rank, a stand-in for accelerator time")

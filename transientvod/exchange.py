@@ -57,7 +57,8 @@ log = logging.getLogger(__name__)
 # is still on the layers before them; big enough that each compresses (MIN_COMPRESS_ELEMENTS)
 # and that Horovod's per-op overhead (a negotiation per collective, two per bucket) stays small.
 # On 4 testbed hosts at 25mbit/400ms, fp16 at s = 0: 1.80 and 1.82 steps/s, against 1.58 and
-# 1.59 with one bucket and 1.85 and 1.80 with 65,536 (README, "Buckets started during backward").
+# 1.59 with one bucket and 1.85 and 1.80 with 65,536 (benchmarks/RESULTS.md,
+# "Buckets started during backward").
 BUCKET_ELEMENTS = 1 << 17
 POLL_EVERY_GRADS = 8  # during backward, move the steps in flight on every this many parameters' gradients
 MIN_COMPRESS_ELEMENTS = 1 << 16  # smaller buckets go uncompressed: the saving is not worth a pass

@@ -17,7 +17,7 @@ an owner's scales are its own). One step of one bucket, on every rank:
    which moves the same bytes: Gloo's allgather is a ring of N - 1 rounds, each waiting for
    the round before it on every link, where its alltoall sends to every peer at once. At
    25mbit/400ms on 4 testbed hosts that made fp16 at s = 0 1.47, 1.50, 1.41 steps/s against
-   1.38, 1.30, 1.27, and int8 at s = 2 3.28, 3.25 against 3.04, 3.05 (README);
+   1.38, 1.30, 1.27, and int8 at s = 2 3.28, 3.25 against 3.04, 3.05 (benchmarks/RESULTS.md);
 3. decode: everyone decodes the whole bucket (the shards arrive in rank order, end to end),
    and skips the step if any owner's flag is set, so all ranks skip together.
 

@@ -83,7 +83,7 @@ class Cluster:
     parameter_servers: int | None = None  # None: 1 for the study's system (it had one), else 0
     # Bounded-staleness training (exchange.staleness > 0) runs this much faster than
     # synchronous training when workers straggle; this project measured 1.32x at s=2 with one
-    # of 2 ranks slowed by a random 0..2x of its step time (README, bounded staleness).
+    # of 2 ranks slowed by a random 0..2x of its step time (benchmarks/RESULTS.md, staleness.py).
     staleness_speedup: float = 1.0
     # A growing cluster: ((step, servers), ...): that many servers are requested when the job
     # holds `step` steps, and join after their provisioning (the study's "dynamic cluster").
