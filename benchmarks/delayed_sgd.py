@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/delayed_sgd.py                               # 6 seeds, every variant
     .venv/bin/python benchmarks/delayed_sgd.py --variants sync,rule --seeds 0,1 --steps 300
 
-The testbed's seeds (benchmarks/RESULTS.md, "What staleness costs in accuracy") put s = 2 about 0.6-0.8 points below
-synchronous training on the digits at 1,000 steps. A testbed run costs minutes per seed; this
+The testbed's seeds (benchmarks/RESULTS.md, "What staleness costs in accuracy") put s = 2
+about 0.6-0.8 points below synchronous training on the digits at 1,000 steps. A testbed run costs minutes per seed; this
 replays the same arithmetic in one process, 1-3 minutes per run on one core: ResNet-32, 4
 workers of 16 images, each worker's forward on its own batch (its own BatchNorm statistics;
 rank 0's running statistics are kept, as the job's evaluation uses rank 0's), the gradients

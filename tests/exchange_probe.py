@@ -367,7 +367,7 @@ CHECKS = {
 def main() -> int:
     hvd.init()
     # One thread each for torch and the numba kernels, as train.py gives workers that share the
-    # cores: 2 ranks with 2 numba threads each on 2 cores made one owner's pass take 1-30 ms.
+    # cores: 2 ranks with 2 numba threads each on 2 cores made one owner's pass take 1-32 ms.
     torch.set_num_threads(1)
     numba.set_num_threads(1)
     if DEVICE.type == "cuda":

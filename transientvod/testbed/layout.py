@@ -40,8 +40,8 @@ class Layout:
     machines: tuple[Machine, ...]
     bandwidth: str  # each host's egress: "RATE" or "RATE/QUEUE" (link_shape), "" for unshaped
     # Every machine's TCP congestion control ("cubic", "bbr"), "" for this machine's default. On a
-    # shaped link it decides how much of the link a ring allreduce gets (benchmarks/RESULTS.md: at 25 Mbit, BBR
-    # 85 % of it, CUBIC 96 %).
+    # shaped link it decides how much of the link a ring allreduce gets (benchmarks/RESULTS.md:
+    # at 25 Mbit, BBR 85 % of it, CUBIC 96 %).
     congestion: str = ""
 
     @property
