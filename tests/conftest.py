@@ -33,20 +33,35 @@ TINY_JOB = {
 # few hundred steps before a scheduled host change arrives.
 TEST_STEP_SECONDS = "0.01"
 
+# A replayed revocation comes on the replay's clock, a fixed number of seconds after the
+# workers start, and the job must still be training then and for the removal after it. Only
+# a floor holds on a machine of any speed: steps that each sleep long enough cannot all be
+# done before the event. The margin covers a removal (2-6 s here under load) and the record
+# written after it.
+OUTLAST_MARGIN_SECONDS = 15.0
 
-def job_environment() -> dict:
-    return {**os.environ, "TRANSIENTVOD_STEP_SECONDS": os.environ.get("TRANSIENTVOD_STEP_SECONDS", TEST_STEP_SECONDS)}
+
+def step_seconds_to_outlast(event_seconds: float, steps: int) -> float:
+    """A step's sleep that keeps `steps` steps training until `event_seconds` after the start, and more."""
+    return (event_seconds + OUTLAST_MARGIN_SECONDS) / steps
+
+
+def job_environment(step_seconds: float = 0.0) -> dict:
+    """The environment of a test job: each step sleeps TEST_STEP_SECONDS, or `step_seconds` if longer."""
+    default = float(os.environ.get("TRANSIENTVOD_STEP_SECONDS", TEST_STEP_SECONDS))
+    return {**os.environ, "TRANSIENTVOD_STEP_SECONDS": f"{max(default, step_seconds):g}"}
 
 
 class Job:
     """One job's config file and run directory."""
 
-    def __init__(self, tmp_path: Path, name: str, **sections):
+    def __init__(self, tmp_path: Path, name: str, step_seconds: float = 0.0, **sections):
         config = json.loads(json.dumps(TINY_JOB))
         for section, values in sections.items():
             config.setdefault(section, {}).update(values)
         config["run"] = {"name": name, "output_dir": str(tmp_path / "runs")}
         self.config = config
+        self.step_seconds = step_seconds  # see job_environment
         self.run_dir = tmp_path / "runs" / name
         self.config_path = tmp_path / f"{name}.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
@@ -64,7 +79,7 @@ class Job:
         # Its own session: on a timeout, horovodrun and every worker are killed with it,
         # so a hung job cannot keep loading the machine for the tests after it.
         proc = subprocess.Popen(self.argv(discovery), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                cwd=REPO, start_new_session=True, env=job_environment())
+                                cwd=REPO, start_new_session=True, env=job_environment(self.step_seconds))
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -78,7 +93,7 @@ class Job:
         # Its own session, so a test can kill horovodrun and every worker at once.
         log = open(log_path, "w")
         return subprocess.Popen(self.argv(discovery), stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                                start_new_session=True, env=job_environment())
+                                start_new_session=True, env=job_environment(self.step_seconds))
 
     def rows(self, name: str) -> list[dict]:
         path = self.run_dir / name

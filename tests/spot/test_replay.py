@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from conftest import explain
+from conftest import explain, step_seconds_to_outlast
 from transientvod.spot.from_config import local_host_names
 
 pytestmark = pytest.mark.slow
@@ -25,9 +25,11 @@ def replay_job(job, name, run_id, revoke_at, notices=True, steps=600):
     if len(local_host_names()) < 4:
         pytest.fail(f"this test maps 4 VMs onto 4 local host names; /etc/hosts gives only {local_host_names()}")
     # With notices: 18 s of replay before the revocation, the notice (30 s of trace time)
-    # 6 s in, after the first steps. Without: 8 s, since only the kill matters.
+    # 6 s in, after the first steps. Without: 8 s, since only the kill matters. The steps
+    # sleep long enough that the job is still training when the revocation comes.
     time_scale, lead = (2.5, 45) if notices else (5.0, 40)
-    return job(name, train={"steps": steps, "commit_every": 20, "checkpoint_every": 100},
+    return job(name, step_seconds=step_seconds_to_outlast(lead / time_scale, steps),
+               train={"steps": steps, "commit_every": 20, "checkpoint_every": 100},
                cluster={"min_np": 1, "max_np": 4},
                spot={"provider": "trace", "trace": TRACE, "trace_run": run_id, "time_scale": time_scale,
                      "start_at": revoke_at - lead, "poll_seconds": 0.25, "notices": notices},

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LOCAL_HOSTS, TINY_JOB, job_environment
+from conftest import LOCAL_HOSTS, TINY_JOB, job_environment, step_seconds_to_outlast
 from testbed_support import require_testbed, testbed_factory  # noqa: F401 (a fixture)
 
 from transientvod.testbed import cluster
@@ -32,7 +32,8 @@ CLOUD_API_LAG = 5  # seconds the testbed's discovery lags behind a vanish, as a 
 class RehearsalJob(Rehearsal):
     """A tiny job (conftest's TINY_JOB) on a testbed; a failure ends the test with the job's log."""
 
-    def __init__(self, tmp_path: Path, record, name: str, **sections):
+    def __init__(self, tmp_path: Path, record, name: str, step_seconds: float = 0.0, **sections):
+        self.step_seconds = step_seconds  # see conftest.job_environment
         config = json.loads(json.dumps(TINY_JOB))
         # A SQLite store on the file system every host shares: a rank 0 frozen mid-write (a
         # vanished host) would hold its lock for the rest of the test. On a real cluster the
@@ -43,7 +44,7 @@ class RehearsalJob(Rehearsal):
         super().__init__(record, tmp_path, name, config)
 
     def start(self, discovery: str | None = None) -> None:
-        super().start(discovery, env=job_environment())
+        super().start(discovery, env=job_environment(self.step_seconds))
 
     def wait(self, timeout: float) -> int:
         try:
@@ -161,10 +162,12 @@ def test_too_few_hosts_until_the_timeout_ends_in_one_sentence(testbed_factory, t
 def test_replayed_revocation_with_notice_then_vanish_loses_nothing(testbed_factory, tmp_path):
     # Run 3 of the study's 4-K80 trace lost worker-0 (its second VM) at 1454 s. The replay
     # plays it on 4 testbed hosts, 2.5x faster (GCE's 30 s notice becomes 12 s); at the
-    # revocation the host vanishes from the network instead of having its workers killed.
+    # revocation the host vanishes from the network instead of having its workers killed. The
+    # revocation comes 18 s into the replay; the steps sleep so that the job is still training.
     record = testbed_factory(4, "1gbit")
     hosts = [h.name for h in record.layout.hosts]
-    job = RehearsalJob(tmp_path, record, "replay", train={"steps": 600, "commit_every": 20, "checkpoint_every": 100},
+    job = RehearsalJob(tmp_path, record, "replay", step_seconds=step_seconds_to_outlast(45 / 2.5, 600),
+                       train={"steps": 600, "commit_every": 20, "checkpoint_every": 100},
                        cluster={"min_np": 1, "max_np": 4, "network_interface": "eth0"},
                        spot={"provider": "trace", "trace": "k80_spot_4workers_vm_trace.csv",
                              "trace_run": "us-east1-c-run3", "time_scale": 2.5, "start_at": 1454.486057 - 45,
