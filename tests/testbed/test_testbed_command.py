@@ -211,16 +211,24 @@ def transfer_seconds(name: str, sender_ns: str, receiver_address: str, size: int
     receiver = subprocess.Popen(
         ["ip", "netns", "exec", receiver_ns, sys.executable, "-c", RECEIVER, receiver_address, str(size)],
         stdout=subprocess.PIPE, text=True)
-    time.sleep(0.5)  # the listener binds
+    wait_until_listening(receiver)
     subprocess.run(["ip", "netns", "exec", sender_ns, sys.executable, "-c", SENDER, receiver_address, str(size)],
                    check=True, timeout=60)
     out, _ = receiver.communicate(timeout=60)
     return float(out)
 
 
+def wait_until_listening(listener: subprocess.Popen) -> None:
+    """Wait for a listener's first line, printed once its socket is bound: a loaded machine can
+    take longer than any fixed sleep to start a Python in a namespace."""
+    line = listener.stdout.readline()
+    assert line.strip() == "listening", f"the listener did not start: {line!r}"
+
+
 RECEIVER = """
 import socket, sys, time
 server = socket.create_server((sys.argv[1], 5999))
+print("listening", flush=True)
 conn, _ = server.accept()
 left, started = int(sys.argv[2]), None
 while left > 0:
@@ -266,7 +274,7 @@ def connection_congestion(sender_ns: str, receiver_ns: str, receiver_address: st
     """The congestion control of one TCP connection from sender to receiver, as each end sees it."""
     receiver = subprocess.Popen(["ip", "netns", "exec", receiver_ns, sys.executable, "-c", CONGESTION_OF_ACCEPTED,
                                  receiver_address], stdout=subprocess.PIPE, text=True)
-    time.sleep(0.5)  # the listener binds
+    wait_until_listening(receiver)
     sent = subprocess.run(["ip", "netns", "exec", sender_ns, sys.executable, "-c", CONGESTION_OF_CONNECTED,
                            receiver_address], capture_output=True, text=True, timeout=60, check=True)
     accepted, _ = receiver.communicate(timeout=60)
@@ -276,6 +284,7 @@ def connection_congestion(sender_ns: str, receiver_ns: str, receiver_address: st
 CONGESTION_OF_ACCEPTED = """
 import socket, sys
 server = socket.create_server((sys.argv[1], 5998))
+print("listening", flush=True)
 conn, _ = server.accept()
 print(conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\\0").decode())
 conn.recv(1)
