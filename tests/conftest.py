@@ -42,7 +42,8 @@ OUTLAST_MARGIN_SECONDS = 15.0
 
 
 def step_seconds_to_outlast(event_seconds: float, steps: int) -> float:
-    """A step's sleep that keeps `steps` steps training until `event_seconds` after the start, and more."""
+    """A step's sleep that keeps `steps` steps training until OUTLAST_MARGIN_SECONDS after an event
+    `event_seconds` after the start."""
     return (event_seconds + OUTLAST_MARGIN_SECONDS) / steps
 
 

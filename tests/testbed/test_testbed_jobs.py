@@ -166,17 +166,18 @@ def test_replayed_revocation_with_notice_then_vanish_loses_nothing(testbed_facto
     # revocation comes 18 s into the replay; the steps sleep so that the job is still training.
     record = testbed_factory(4, "1gbit")
     hosts = [h.name for h in record.layout.hosts]
-    job = RehearsalJob(tmp_path, record, "replay", step_seconds=step_seconds_to_outlast(45 / 2.5, 600),
-                       train={"steps": 600, "commit_every": 20, "checkpoint_every": 100},
+    time_scale, lead, revoke_at, steps = 2.5, 45, 1454.486057, 600
+    job = RehearsalJob(tmp_path, record, "replay", step_seconds=step_seconds_to_outlast(lead / time_scale, steps),
+                       train={"steps": steps, "commit_every": 20, "checkpoint_every": 100},
                        cluster={"min_np": 1, "max_np": 4, "network_interface": "eth0"},
                        spot={"provider": "trace", "trace": "k80_spot_4workers_vm_trace.csv",
-                             "trace_run": "us-east1-c-run3", "time_scale": 2.5, "start_at": 1454.486057 - 45,
+                             "trace_run": "us-east1-c-run3", "time_scale": time_scale, "start_at": revoke_at - lead,
                              "poll_seconds": 0.25, "hosts": ",".join(hosts), "revoke": f"vanish:{record.name}"},
                        notices={"poll_seconds": 0.5})
     job.start()
     assert job.wait(timeout=400) == 0, job.log()
     summary = job.summary()
-    assert summary["steps"] == 600, job.log()
+    assert summary["steps"] == steps, job.log()
     assert summary["world_sizes_seen"] == [4, 3], job.log()
     assert summary["steps_lost"] == 0, job.log()
     condition = {row["host"]: row for row in cluster.status(record.name)}[hosts[1]]
