@@ -219,16 +219,42 @@ def several_buckets(codec: str) -> dict:
     params = [torch.nn.Parameter(torch.zeros(n, device=DEVICE)) for n in (3000, 100, 5000)]
     exchange = GradientExchange(torch.optim.SGD(params, lr=1.0), params, staleness=1, codec=codec,
                                 min_compress_elements=4000, bucket_elements=4000)
+    reads = []  # per step() call, then drain(): how often the exchange read a tensor on the host
     for step in range(3):
         exchange.zero_grad()
+        # hold the gradients of step 0..2 fixed: per parameter i, the mean over ranks of (r+1)(i+1)
         for i, p in enumerate(params):
             p.grad.fill_((hvd.rank() + 1) * (i + 1))
-    # hold the gradients of step 0..2 fixed: per parameter i, the mean over ranks of (r+1)(i+1)
-        exchange.step(step)
-    exchange.drain()
+        with HostReads() as counted:
+            exchange.step(step)
+        reads.append(counted.reads)
+    with HostReads() as counted:
+        exchange.drain()
+    reads.append(counted.reads)
     mean_rank = (hvd.size() + 1) / 2
     errors = [(-p.detach().cpu().double() / 3 - mean_rank * (i + 1)).abs().max().item() for i, p in enumerate(params)]
-    return {"codec": codec, "buckets": [sorted(b.codecs) for b in exchange.buckets], "errors": errors}
+    return {"codec": codec, "buckets": [sorted(b.codecs) for b in exchange.buckets], "errors": errors,
+            "reads": reads}
+
+
+class HostReads:
+    """Counts the reads of a tensor's value on the host (`Tensor.item`, `bool(tensor)`) while
+    active: on a GPU each one waits for the stream to drain."""
+
+    def __enter__(self) -> "HostReads":
+        self.reads = 0
+        self._saved = torch.Tensor.item, torch.Tensor.__bool__
+
+        def counting(method):
+            def read(tensor, *args):
+                self.reads += 1
+                return method(tensor, *args)
+            return read
+        torch.Tensor.item, torch.Tensor.__bool__ = (counting(method) for method in self._saved)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        torch.Tensor.item, torch.Tensor.__bool__ = self._saved
 
 
 def compress_switch() -> dict:

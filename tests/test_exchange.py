@@ -277,6 +277,9 @@ def test_several_buckets_each_with_its_own_codec():
         assert row["buckets"] == [expected_first, ["none"]], row
         bound = BOUNDS[row["codec"]] * 3 * 3  # the largest gradient is 2 * 3; three steps
         assert max(row["errors"]) <= bound, row
+        # staleness 1: step(0) applies nothing, step(1) and step(2) one step each, drain() the
+        # last; each applied step reads its two buckets' flags on the host once, not per bucket
+        assert row["reads"] == [0, 1, 1, 1], row
 
 
 @pytest.mark.slow

@@ -352,10 +352,8 @@ class GradientExchange:
         if record.world != hvd.size():
             raise RuntimeError(f"gradient exchange: step {record.step} was started by {record.world} ranks and "
                                f"finished by {hvd.size()}; drain() or reset() must run when the ring changes.")
-        nonfinite = False
-        for bucket, transfer in zip(self.buckets, record.transfers):
-            nonfinite |= transfer.finish(bucket.grad)
-        if nonfinite:
+        flags = [transfer.finish(bucket.grad) for bucket, transfer in zip(self.buckets, record.transfers)]
+        if _any_set(flags):
             # Every rank decodes the same bytes and the same max-reduced flags: all skip together.
             self.skipped_steps += 1
             log.warning("gradient exchange: NaN/Inf in step %d's gradients; skipped it on every rank "
@@ -370,3 +368,12 @@ class GradientExchange:
         for bucket in self.buckets:
             for codec in bucket.codecs.values():
                 codec.reset_residual()
+
+
+def _any_set(flags: list[torch.Tensor]) -> bool:
+    """Whether any bucket's non-finite flag is set, in one read for the whole step: on a GPU
+    each read waits for the stream, which would hold the next bucket's launches back."""
+    if not flags:
+        return False
+    joined = torch.cat([flag.reshape(1).float().to(flags[0].device) for flag in flags])
+    return bool(joined.max().item() > 0)

@@ -3,7 +3,7 @@
     codec = make_codec("int8", numel, device, block=512)
     transfer = Transfer(codec.start(bucket.grad, wire, name, world, rank))  # encode, first phase
     ...                                                                      # transfer.advance()
-    nonfinite = transfer.finish(bucket.grad)                                 # the average, decoded
+    flag = transfer.finish(bucket.grad)           # the average, decoded; its flag, a tensor not yet read
 
 - `none` (fp32.py): Horovod's fp32 allreduce, no error feedback.
 - `fp16`, `bf16`, `int8` (scatter_reduce.py): compressed scatter-reduce with error feedback

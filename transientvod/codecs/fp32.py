@@ -28,9 +28,9 @@ class Fp32Allreduce:
         results = yield [wire.allreduce_sum_(summed, name + ".sum")]
         del results  # in place: the sum is in `summed`
 
-        def decode(out: torch.Tensor) -> bool:
+        def decode(out: torch.Tensor) -> torch.Tensor:
             torch.mul(summed, 1.0 / world, out=out)  # the scalar is rounded to fp32 first
-            return not bool(torch.isfinite(out).all())
+            return torch.isfinite(out).all().logical_not()  # the flag, read by the exchange
         return decode
 
     def reset_residual(self) -> None:

@@ -111,7 +111,7 @@ class ScatterReduce:
         layout = self.layout(world)
 
         # -- phase 1: encode with the sender's residual; each shard to its owner ---------------
-        # The non-finite flags stay on the device (ops' flag=) until decode reads them once: on a
+        # The non-finite flags stay on the device (ops' flag=) until the exchange reads a step's once: on a
         # GPU each read waits for the stream, which would hold the next step's launches back.
         payload = torch.empty(self.numel, dtype=fmt.payload, device=device)
         scales = torch.empty(sum(layout.scales), dtype=torch.float32, device=device) if fmt.scaled else None
@@ -153,11 +153,11 @@ class ScatterReduce:
         owners_flag = torch.stack([row[-1] for row in rows]).max()
         all_scales = torch.cat([row[:-1] for row in rows]) if fmt.scaled else None
 
-        def decode(out: torch.Tensor) -> bool:
+        def decode(out: torch.Tensor) -> torch.Tensor:
             bad = _no_nonfinite_yet(device)
             if self.numel > 0:
                 ops.decompress_avg_(everything, out, 1.0, scales=all_scales, block=block, flag=bad)
-            return bool(torch.maximum(bad.float(), owners_flag).item() > 0)  # the one read of a step
+            return torch.maximum(bad.float(), owners_flag)  # the flag, read by the exchange
         return decode
 
     def _owner_residual(self, mine: int) -> torch.Tensor:

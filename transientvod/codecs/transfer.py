@@ -2,8 +2,10 @@
 
 A protocol is a generator: it starts a phase's ops and yields their handles; it is resumed
 with their results once all of them are done, and starts the next phase; its return value
-is the last step, `decode(out) -> nonfinite`, run only when the optimizer wants the
-gradient (the bucket's buffer holds newer gradients until then). `advance` never blocks:
+is the last step, `decode(out) -> flag`, run only when the optimizer wants the
+gradient (the bucket's buffer holds newer gradients until then). The flag is a one-element
+tensor on the bucket's device, above 0 if the average is not finite: the exchange reads the
+flags of a step's buckets once, together, since on a GPU each read waits for the stream. `advance` never blocks:
 it polls the handles and moves on only if they are done, so the exchange can call it at
 every step and a phase starts as soon as the one before it ends, without waiting for the
 step that finishes it. `finish` waits for whatever is left (polling: horovod_wait.py).
@@ -18,7 +20,7 @@ import horovod.torch as hvd
 
 from transientvod.horovod_wait import wait
 
-Decode = Callable[[torch.Tensor], bool]
+Decode = Callable[[torch.Tensor], torch.Tensor]
 Protocol = Generator[list, list, Decode]
 
 
@@ -45,8 +47,9 @@ class Transfer:
                 return
             self._handles = self._resume([hvd.synchronize(h) for h in self._handles])
 
-    def finish(self, out: torch.Tensor) -> bool:
-        """Wait for the rest of the protocol, decode the average into `out`; True if not finite."""
+    def finish(self, out: torch.Tensor) -> torch.Tensor:
+        """Wait for the rest of the protocol, decode the average into `out`; its non-finite flag
+        (a one-element tensor, above 0 if not finite), not yet read."""
         while not self.complete:
             self._handles = self._resume(wait(self._handles))
         return self._decode(out)
