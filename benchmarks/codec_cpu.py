@@ -1,0 +1,164 @@
+"""What each codec costs in CPU on unshaped links, and how much of it the kernels alone take.
+
+    .venv/bin/python benchmarks/codec_cpu.py [--ranks 4] [--steps 300] [--rounds 2] [--staleness 0]
+
+One `horovodrun` job of --ranks ranks on this host (loopback, Gloo), training ResNet-32 on the
+embedded digits (batch 16 a rank, torch and numba at one thread, as train.py gives workers
+that share the cores). The codecs take turns, --rounds times, each on a fresh model and
+exchange, so drift on a shared machine falls on all of them; `none` is Horovod's
+DistributedOptimizer, as in training. Per codec, over its timed steps (after 20 warm-up):
+
+- wall: ms a step, and the cost against `none`'s (the goal: at most 10 %);
+- CPU: ms a step of each rank's process (every thread), the mean over ranks;
+- rank 0's calling-thread CPU in the protocol's parts: the fused kernels (`transientvod.ops`:
+  encode, the owner's sum, decode; with their argument checks), the packing into and out of
+  the collectives' byte buffers (`codecs/packing.py`), and starting the alltoalls (`Wire`);
+- floor: the kernels' ms turned into wall time and set against `none`'s step. With R ranks
+  on C cores (R > C) each rank has C / R of a core, so a ms of CPU on every rank costs about
+  R / C ms of a step. So long as the kernels stay as they are, no change elsewhere in the
+  protocol can bring a codec's cost below this.
+The kernels are timed by wrapping the functions the protocol calls, in the worker only.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CODECS = ("none", "fp16", "bf16", "int8")
+WARMUP_STEPS = 20
+BATCH = 16
+PARTS = ("kernels", "packing", "alltoall")
+
+
+class CpuTally:
+    """The calling thread's CPU seconds inside chosen functions, by part."""
+
+    def __init__(self):
+        self.seconds: collections.Counter[str] = collections.Counter()
+
+    def wrap(self, owner, attribute: str, part: str) -> None:
+        original = getattr(owner, attribute)
+
+        def timed(*args, **kwargs):
+            began = time.thread_time()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds[part] += time.thread_time() - began
+        setattr(owner, attribute, timed)
+
+
+def worker(steps: int, rounds: int, staleness: int) -> None:
+    sys.path.insert(0, str(REPO))
+    import numba
+    import torch
+
+    import horovod.torch as hvd
+    from transientvod import ops
+    from transientvod.codecs import scatter_reduce, wire
+    from transientvod.config.schema import DataConfig, ModelConfig
+    from transientvod.data import load_dataset
+    from transientvod.exchange import GradientExchange, SynchronousStep
+    from transientvod.models import build_model
+
+    hvd.init()
+    torch.set_num_threads(1)
+    numba.set_num_threads(1)
+    tally = CpuTally()
+    for name in ("compress_ef_", "decompress_sum_", "decompress_avg_"):
+        tally.wrap(ops, name, "kernels")  # scatter_reduce calls them as ops.<name>
+    for name in ("pack", "unpack_rows", "unpack_segments"):
+        tally.wrap(scatter_reduce, name, "packing")  # imported into scatter_reduce by name
+    tally.wrap(wire.Wire, "alltoall", "alltoall")
+
+    data = load_dataset(DataConfig(), seed=0)
+    rank = hvd.rank()
+    x, y = data.train_x[BATCH * rank:BATCH * (rank + 1)], data.train_y[BATCH * rank:BATCH * (rank + 1)]
+    loss_fn = torch.nn.CrossEntropyLoss()
+    totals = {codec: collections.Counter() for codec in CODECS}
+    for turn in range(rounds):
+        for codec in CODECS:
+            torch.manual_seed(0)
+            model = build_model(ModelConfig(), data.in_channels, data.num_classes)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+            if codec == "none" and staleness == 0:
+                exchange = SynchronousStep(hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters()))
+            else:
+                exchange = GradientExchange(optimizer, model.parameters(), staleness=staleness, codec=codec,
+                                            name=f"codec_cpu.{codec}.{turn}")
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            for step in range(WARMUP_STEPS + steps):
+                if step == WARMUP_STEPS:
+                    tally.seconds.clear()
+                    cpu, wall = time.process_time(), time.perf_counter()
+                exchange.zero_grad()
+                loss_fn(model(x), y).backward()
+                exchange.step(step)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            exchange.drain()
+            mean_cpu = hvd.allreduce(torch.tensor([cpu], dtype=torch.float64), op=hvd.Average,
+                                     name=f"codec_cpu.cpu.{codec}.{turn}").item()
+            totals[codec].update({"wall": wall, "cpu": mean_cpu, **tally.seconds})
+    if rank == 0:
+        timed = steps * rounds
+        rows = [{"codec": codec, **{part: 1e3 * totals[codec][part] / timed for part in ("wall", "cpu", *PARTS)}}
+                for codec in CODECS]
+        print("ROWS " + json.dumps(rows), flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=4, help="ranks on this host")
+    parser.add_argument("--steps", type=int, default=300, help="timed steps per codec and round")
+    parser.add_argument("--rounds", type=int, default=2, help="turns each codec takes")
+    parser.add_argument("--staleness", type=int, default=0, help="the exchange's staleness s")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.ranks < 2 or args.steps < 1 or args.rounds < 1 or args.staleness < 0:
+        parser.error("--ranks must be at least 2, --steps and --rounds at least 1, --staleness at least 0.")
+    if args.worker:
+        worker(args.steps, args.rounds, args.staleness)
+        return 0
+    cores = os.cpu_count() or 1
+    print(f"{args.ranks} ranks on this host's {cores} cores, s = {args.staleness}, {args.steps} steps per codec "
+          f"and round after {WARMUP_STEPS} warm-up, {args.rounds} rounds", flush=True)
+    horovodrun = str(Path(sys.executable).parent / "horovodrun")
+    done = subprocess.run([horovodrun, "-np", str(args.ranks), "-H", f"localhost:{args.ranks}", "--gloo",
+                           sys.executable, __file__, "--worker", "--steps", str(args.steps),
+                           "--rounds", str(args.rounds), "--staleness", str(args.staleness)],
+                          capture_output=True, text=True, cwd=REPO)
+    lines = [line.partition("ROWS ")[2] for line in done.stdout.splitlines() if "ROWS " in line]
+    if done.returncode != 0 or not lines:
+        print(done.stdout[-3000:] + done.stderr[-3000:], file=sys.stderr)
+        print(f"codec_cpu: the horovodrun job failed (exit {done.returncode}); its output is above.", file=sys.stderr)
+        return 1
+    rows = {row["codec"]: row for row in json.loads(lines[0])}
+    base = rows["none"]
+    wall_per_cpu_ms = max(1.0, args.ranks / cores)
+    print(f"{'codec':6} {'wall ms':>8} {'cost':>7} {'CPU ms':>7} {'+CPU':>6} {'kernels':>8} {'packing':>8} "
+          f"{'alltoall':>9} {'floor':>6}")
+    for codec, row in rows.items():
+        cost = 100 * (row["wall"] / base["wall"] - 1)
+        floor = 100 * row["kernels"] * wall_per_cpu_ms / base["wall"]
+        print(f"{codec:6} {row['wall']:8.2f} {cost:6.1f}% {row['cpu']:7.2f} {row['cpu'] - base['cpu']:6.2f} "
+              f"{row['kernels']:8.2f} {row['packing']:8.2f} {row['alltoall']:9.2f} {floor:5.1f}%")
+    for codec, row in rows.items():
+        if codec == "none":
+            continue
+        cost = 100 * (row["wall"] / base["wall"] - 1)
+        floor = 100 * row["kernels"] * wall_per_cpu_ms / base["wall"]
+        print(f"{codec}: costs {cost:.1f} % against none ({'met' if cost <= 10 else 'NOT MET'}: at most 10 %); "
+              f"its kernels alone would cost about {floor:.1f} %"
+              f"{' (over the goal whatever else changes)' if floor > 10 else ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
