@@ -74,7 +74,7 @@ def worker(steps: int, rounds: int, staleness: int) -> None:
     tally = CpuTally()
     for name in ("compress_ef_", "decompress_sum_", "decompress_avg_"):
         tally.wrap(ops, name, "kernels")  # scatter_reduce calls them as ops.<name>
-    for name in ("pack", "unpack_rows", "unpack_segments"):
+    for name in ("pack_shards", "pack_copies", "unpack_rows", "unpack_segments"):
         tally.wrap(scatter_reduce, name, "packing")  # imported into scatter_reduce by name
     tally.wrap(wire.Wire, "alltoall", "alltoall")
 

@@ -9,12 +9,21 @@ step at 25 Mbit (Horovod timeline, 4 hosts). So each destination's part is one s
 
 and one collective moves all of them. The side row comes first and every segment is a
 multiple of 4 bytes long, so each side row lies on a 4-byte boundary and reads back as fp32.
+
+Segments of one shape lie end to end, so a run of them is a [count, segment bytes] matrix
+and one strided copy fills (or empties) a column of it for the whole run. The owners' shards
+come in at most three shapes (ShardLayout: the larger shards, the smaller, a short last int8
+block), so packing takes a few ops whatever the number of ranks; a copy per segment took
+two ops per rank and bucket, which at 4 ranks was most of the packing's CPU.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 ALIGN = 4  # bytes: the side row is fp32
+FLAG_BYTES = 4  # the side row's last fp32: the non-finite flag
 
 
 def segment_bytes(side_floats: int, payload_elements: int, payload_itemsize: int) -> int:
@@ -22,18 +31,93 @@ def segment_bytes(side_floats: int, payload_elements: int, payload_itemsize: int
     return 4 * side_floats + -(-payload // ALIGN) * ALIGN
 
 
-def pack(parts: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> tuple[torch.Tensor, list[int]]:
-    """One uint8 buffer of the (side fp32, payload) segments, end to end; their sizes."""
-    sizes = [segment_bytes(side.numel(), payload.numel(), payload.element_size()) for side, payload in parts]
-    buffer = torch.zeros(sum(sizes), dtype=torch.uint8, device=device)  # zeros: padding is defined
-    at = 0
-    for (side, payload), size in zip(parts, sizes):
-        side_bytes = 4 * side.numel()
-        buffer[at:at + side_bytes] = side.reshape(-1).view(torch.uint8)
-        payload_bytes = payload.numel() * payload.element_size()
-        buffer[at + side_bytes:at + side_bytes + payload_bytes] = payload.reshape(-1).view(torch.uint8)
-        at += size
-    return buffer, sizes
+@dataclass(frozen=True)
+class Run:
+    """`count` consecutive segments of one shape, the first at byte `at` of the buffer and at
+    `scale_at` / `element_at` of the scales and payloads they carry, end to end."""
+    count: int
+    scales: int  # fp32 scales in each side row, before the flag
+    elements: int  # payload elements in each
+    segment: int  # bytes of each, padding included
+    at: int
+    scale_at: int
+    element_at: int
+
+
+class SegmentLayout:
+    """Segments end to end: segment r holds scales[r] fp32 scales and a flag, then elements[r]
+    payload elements of `itemsize` bytes; grouped into runs of equal shape."""
+
+    __slots__ = ("itemsize", "sizes", "total", "runs", "segments")
+
+    def __init__(self, scales: list[int], elements: list[int], itemsize: int):
+        self.itemsize = itemsize
+        self.segments = len(scales)
+        self.sizes = [segment_bytes(count + 1, n, itemsize) for count, n in zip(scales, elements)]
+        self.total = sum(self.sizes)
+        self.runs: list[Run] = []
+        at = scale_at = element_at = 0
+        for count, n, size in zip(scales, elements, self.sizes):
+            last = self.runs[-1] if self.runs else None
+            if last is not None and (last.scales, last.elements) == (count, n):
+                self.runs[-1] = Run(last.count + 1, count, n, size, last.at, last.scale_at, last.element_at)
+            else:
+                self.runs.append(Run(1, count, n, size, at, scale_at, element_at))
+            at, scale_at, element_at = at + size, scale_at + count, element_at + n
+
+    def rows(self, buffer: torch.Tensor, run: Run) -> torch.Tensor:
+        """The run's segments in `buffer` as a [count, segment bytes] uint8 view."""
+        return buffer[run.at:run.at + run.count * run.segment].view(run.count, run.segment)
+
+
+def _bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+def _fill(rows: torch.Tensor, run: Run, itemsize: int, scales: torch.Tensor, flag: torch.Tensor,
+          payload: torch.Tensor) -> None:
+    """One run's columns from byte matrices: scales [count or 1, 4 * run.scales], flag [1, 4],
+    payload [count or 1, elements * itemsize]; a single row is repeated down the run."""
+    scale_end = 4 * run.scales
+    payload_at = scale_end + FLAG_BYTES
+    payload_end = payload_at + run.elements * itemsize
+    if run.scales:
+        rows[:, :scale_end] = scales
+    rows[:, scale_end:payload_at] = flag
+    if run.elements:
+        rows[:, payload_at:payload_end] = payload
+    if payload_end < run.segment:
+        rows[:, payload_end:] = 0  # padding is defined, so equal inputs give equal bytes
+
+
+def pack_shards(layout: SegmentLayout, scales: torch.Tensor | None, flag: torch.Tensor, payload: torch.Tensor
+                ) -> torch.Tensor:
+    """One uint8 buffer whose segment r carries its own scales and payload elements (the next
+    ones of `scales` and `payload`, in order) and the same fp32 `flag` [1]."""
+    buffer = torch.empty(layout.total, dtype=torch.uint8, device=payload.device)
+    scale_bytes, payload_bytes, flag_bytes = _bytes(scales if scales is not None else flag[:0]), _bytes(payload), \
+        _bytes(flag).view(1, FLAG_BYTES)
+    for run in layout.runs:
+        rows = layout.rows(buffer, run)
+        row_scales, row_payload = 4 * run.scales, run.elements * layout.itemsize
+        _fill(rows, run, layout.itemsize,
+              scale_bytes[4 * run.scale_at:4 * run.scale_at + run.count * row_scales].view(run.count, row_scales),
+              flag_bytes,
+              payload_bytes[run.element_at * layout.itemsize:
+                            run.element_at * layout.itemsize + run.count * row_payload].view(run.count, row_payload))
+    return buffer
+
+
+def pack_copies(layout: SegmentLayout, scales: torch.Tensor | None, flag: torch.Tensor, payload: torch.Tensor
+                ) -> torch.Tensor:
+    """One uint8 buffer whose segments all carry the same scales, fp32 `flag` [1] and payload
+    (the owner's reduced shard, one copy for every rank)."""
+    buffer = torch.empty(layout.total, dtype=torch.uint8, device=payload.device)
+    scale_bytes = _bytes(scales if scales is not None else flag[:0]).view(1, -1)
+    flag_bytes, payload_bytes = _bytes(flag).view(1, FLAG_BYTES), _bytes(payload).view(1, -1)
+    for run in layout.runs:
+        _fill(layout.rows(buffer, run), run, layout.itemsize, scale_bytes, flag_bytes, payload_bytes)
+    return buffer
 
 
 def unpack_rows(buffer: torch.Tensor, rows: int, side_floats: int, payload_dtype: torch.dtype,
@@ -48,17 +132,35 @@ def unpack_rows(buffer: torch.Tensor, rows: int, side_floats: int, payload_dtype
     return side, payload
 
 
-def unpack_segments(buffer: torch.Tensor, side_floats: list[int], payload_dtype: torch.dtype,
-                    payload_elements: list[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Segments of different sizes end to end (the owners' phase: one from each owner): each one's
-    side row (fp32), and all the payloads joined in order."""
-    itemsize = payload_dtype.itemsize
-    sides, payloads, at = [], [], 0
-    for floats, elements in zip(side_floats, payload_elements):
-        side_bytes, payload_bytes = 4 * floats, elements * itemsize
-        sides.append(buffer[at:at + side_bytes].view(torch.float32))
-        payloads.append(buffer[at + side_bytes:at + side_bytes + payload_bytes])
-        at += segment_bytes(floats, elements, itemsize)
-    if at != buffer.numel():
-        raise RuntimeError(f"gradient exchange: received {buffer.numel()} bytes where the layout says {at}.")
-    return sides, torch.cat(payloads).view(payload_dtype)
+def unpack_segments(buffer: torch.Tensor, layout: SegmentLayout, payload_dtype: torch.dtype
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Segments of the layout's shapes end to end (the owners' phase: one from each owner):
+    every segment's scales joined in order (fp32), their flags (fp32, one per segment) and
+    their payloads joined in order."""
+    if buffer.numel() != layout.total:
+        raise RuntimeError(f"gradient exchange: received {buffer.numel()} bytes where the layout says "
+                           f"{layout.total}.")
+    itemsize = layout.itemsize
+    device = buffer.device
+    scale_count = sum(run.count * run.scales for run in layout.runs)
+    element_count = sum(run.count * run.elements for run in layout.runs)
+    scales = torch.empty(scale_count, dtype=torch.float32, device=device)
+    flags = torch.empty(layout.segments, dtype=torch.float32, device=device)
+    payload = torch.empty(element_count, dtype=payload_dtype, device=device)
+    scale_bytes, flag_bytes, payload_bytes = _bytes(scales), _bytes(flags), _bytes(payload)
+    segment = 0
+    for run in layout.runs:
+        rows = layout.rows(buffer, run)
+        scale_end = 4 * run.scales
+        payload_at = scale_end + FLAG_BYTES
+        row_payload = run.elements * itemsize
+        if run.scales:
+            scale_bytes[4 * run.scale_at:4 * run.scale_at + run.count * scale_end].view(run.count, scale_end) \
+                .copy_(rows[:, :scale_end])
+        flag_bytes[FLAG_BYTES * segment:FLAG_BYTES * (segment + run.count)].view(run.count, FLAG_BYTES) \
+            .copy_(rows[:, scale_end:payload_at])
+        if run.elements:
+            payload_bytes[run.element_at * itemsize:run.element_at * itemsize + run.count * row_payload] \
+                .view(run.count, row_payload).copy_(rows[:, payload_at:payload_at + row_payload])
+        segment += run.count
+    return scales, flags, payload

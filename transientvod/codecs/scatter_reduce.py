@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from transientvod import ops
-from transientvod.codecs.packing import pack, unpack_rows, unpack_segments
+from transientvod.codecs.packing import SegmentLayout, pack_copies, pack_shards, unpack_rows, unpack_segments
 from transientvod.codecs.transfer import Protocol
 from transientvod.codecs.wire import Wire
 
@@ -82,7 +82,7 @@ def _no_nonfinite_yet(device: torch.device) -> torch.Tensor:
 class ScatterReduce:
     """One bucket's codec: the sender's residual (whole bucket) and the owner's (its shard)."""
 
-    __slots__ = ("format", "numel", "device", "block", "residual", "owner_residual", "_layouts")
+    __slots__ = ("format", "numel", "device", "block", "residual", "owner_residual", "_layouts", "_segments")
 
     def __init__(self, fmt: Format, numel: int, device: torch.device, block: int):
         self.format = fmt
@@ -92,6 +92,7 @@ class ScatterReduce:
         self.residual = torch.zeros(numel, dtype=torch.float32, device=device)
         self.owner_residual = torch.zeros(0, dtype=torch.float32, device=device)  # sized by the ring
         self._layouts: dict[int, ShardLayout] = {}
+        self._segments: dict[tuple[int, int], tuple[SegmentLayout, SegmentLayout]] = {}
 
     @property
     def name(self) -> str:
@@ -101,6 +102,16 @@ class ScatterReduce:
         if world not in self._layouts:
             self._layouts[world] = ShardLayout.of(self.numel, world, self.block, self.format.scaled)
         return self._layouts[world]
+
+    def segments(self, world: int, rank: int) -> tuple[SegmentLayout, SegmentLayout]:
+        """The two alltoalls' byte layouts: segment r holds owner r's shard (to it in phase 1,
+        from it in phase 2's answer), and this owner's copies of its reduced shard, one a rank."""
+        if (world, rank) not in self._segments:
+            layout, itemsize = self.layout(world), self.format.payload.itemsize
+            shards = SegmentLayout(layout.scales, layout.elements, itemsize)
+            copies = SegmentLayout([layout.scales[rank]] * world, [layout.elements[rank]] * world, itemsize)
+            self._segments[(world, rank)] = shards, copies
+        return self._segments[(world, rank)]
 
     def reset_residual(self) -> None:
         self.residual.zero_()
@@ -118,22 +129,16 @@ class ScatterReduce:
         bad = _no_nonfinite_yet(device)
         if self.numel > 0:
             ops.compress_ef_(grad, self.residual, payload, 1.0, scales=scales, block=block, flag=bad)
-        flag = bad.float()
-        parts, scale_at = [], 0
-        for r in range(world):
-            owner_scales = scales[scale_at:scale_at + layout.scales[r]] if fmt.scaled else flag[:0]
-            scale_at += layout.scales[r]
-            parts.append((torch.cat((owner_scales, flag)),
-                          payload[layout.start[r]:layout.start[r] + layout.elements[r]]))
-        outgoing, sizes = pack(parts, device)
-        (incoming, _), = yield [wire.alltoall(outgoing, sizes, name + ".shards")]
+        shards_layout, copies_layout = self.segments(world, rank)
+        outgoing = pack_shards(shards_layout, scales, bad.float(), payload)
+        (incoming, _), = yield [wire.alltoall(outgoing, shards_layout.sizes, name + ".shards")]
 
         # -- phase 2: the owner sums in fp32 and re-encodes with its own residual ---------------
         mine, my_scales = layout.elements[rank], layout.scales[rank]
         side_in, shards = unpack_rows(incoming, world, my_scales + 1, fmt.payload, mine)
         total = torch.empty(mine, dtype=torch.float32, device=device)
         reduced = torch.empty(mine, dtype=fmt.payload, device=device)
-        reduced_scales = torch.empty(my_scales, dtype=torch.float32, device=device) if fmt.scaled else flag[:0]
+        reduced_scales = torch.empty(my_scales, dtype=torch.float32, device=device) if fmt.scaled else None
         owner_bad = _no_nonfinite_yet(device)
         if mine:
             # One pass: the N copies decoded and added in fp32, in rank order, so every owner adds
@@ -141,17 +146,17 @@ class ScatterReduce:
             ops.decompress_sum_(shards, total, 1.0, scales=side_in[:, :my_scales].contiguous() if fmt.scaled else None,
                                 block=block, flag=owner_bad)
             ops.compress_ef_(total, self._owner_residual(mine), reduced, 1.0 / world,
-                             scales=reduced_scales if fmt.scaled else None, block=block, flag=owner_bad)
+                             scales=reduced_scales, block=block, flag=owner_bad)
         # What this owner sends on: its own flag or any sender's.
         flag = torch.maximum(owner_bad.float(), side_in[:, my_scales].max().reshape(1))
-        outgoing, sizes = pack([(torch.cat((reduced_scales, flag)), reduced)] * world, device)
-        (from_owners, _), = yield [wire.alltoall(outgoing, sizes, name + ".owners")]
+        outgoing = pack_copies(copies_layout, reduced_scales, flag, reduced)
+        (from_owners, _), = yield [wire.alltoall(outgoing, copies_layout.sizes, name + ".owners")]
 
         # -- phase 3 (when the optimizer wants it): decode the whole bucket ----------------------
-        rows, everything = unpack_segments(from_owners, [count + 1 for count in layout.scales], fmt.payload,
-                                           layout.elements)
-        owners_flag = torch.stack([row[-1] for row in rows]).max()
-        all_scales = torch.cat([row[:-1] for row in rows]) if fmt.scaled else None
+        # The owners' segments have the shapes of the shards sent to them in phase 1.
+        all_scales, owners_flags, everything = unpack_segments(from_owners, shards_layout, fmt.payload)
+        owners_flag = owners_flags.max()
+        all_scales = all_scales if fmt.scaled else None
 
         def decode(out: torch.Tensor) -> torch.Tensor:
             bad = _no_nonfinite_yet(device)
