@@ -12,7 +12,8 @@ DistributedOptimizer, as in training. Per codec, over its timed steps (after 20 
 - CPU: ms a step of each rank's process (every thread), the mean over ranks;
 - rank 0's calling-thread CPU in the protocol's parts: the fused kernels (`transientvod.ops`:
   encode, the owner's sum, decode; with their argument checks), the packing into and out of
-  the collectives' byte buffers (`codecs/packing.py`), and starting the alltoalls (`Wire`);
+  the collectives' buffers (`codecs/framing.py`, `codecs/packing.py`), and starting the
+  alltoalls (`Wire`);
 - floor: the kernels' ms turned into wall time and set against `none`'s step. With R ranks
   on C cores (R > C) each rank has C / R of a core, so a ms of CPU on every rank costs about
   R / C ms of a step. So long as the kernels stay as they are, no change elsewhere in the
@@ -62,7 +63,7 @@ def worker(steps: int, rounds: int, staleness: int) -> None:
 
     import horovod.torch as hvd
     from transientvod import ops
-    from transientvod.codecs import scatter_reduce, wire
+    from transientvod.codecs import framing, wire
     from transientvod.config.schema import DataConfig, ModelConfig
     from transientvod.data import load_dataset
     from transientvod.exchange import GradientExchange, SynchronousStep
@@ -74,8 +75,9 @@ def worker(steps: int, rounds: int, staleness: int) -> None:
     tally = CpuTally()
     for name in ("compress_ef_", "decompress_sum_", "decompress_avg_"):
         tally.wrap(ops, name, "kernels")  # scatter_reduce calls them as ops.<name>
-    for name in ("pack_shards", "pack_copies", "unpack_rows", "unpack_segments"):
-        tally.wrap(scatter_reduce, name, "packing")  # imported into scatter_reduce by name
+    for framing_class in (framing.Bare, framing.Framed):
+        for name in ("to_owners", "at_owner", "to_everyone", "from_owners"):
+            tally.wrap(framing_class, name, "packing")
     tally.wrap(wire.Wire, "alltoall", "alltoall")
 
     data = load_dataset(DataConfig(), seed=0)

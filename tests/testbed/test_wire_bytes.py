@@ -38,7 +38,9 @@ def expected_bytes(codec: str, world: int, elements: int, block: int) -> float:
     b = PAYLOAD_BYTES[codec]
     if codec == "none":
         return 2 * (world - 1) / world * b * elements
-    scales = -(-elements // block) if codec == "int8" else 0
+    if codec != "int8":
+        return 2 * (world - 1) / world * b * elements  # the payload alone (codecs/framing.py)
+    scales = -(-elements // block)
     return 2 * (world - 1) / world * (b * elements + 4 * (scales + world))
 
 
@@ -70,8 +72,8 @@ def test_each_link_carries_what_the_protocol_says(testbed_factory, world):
         counted = sum(r["counted_per_step"] for r in mine) / world
         print(f"N={world} {codec}: link {link:.0f} B/step, formula {expected:.0f}, "
               f"overhead {link / expected - 1:+.2%}, {link / mine[0]['elements']:.3f} B per element")
-        # Wire rounds down to whole bytes; each of a rank's 2 (N - 1) segments pads up to 3 bytes
-        # (codecs/packing.py aligns the fp32 side rows).
-        padding = 0 if codec == "none" else 3 * 2 * (world - 1)
+        # Wire rounds down to whole bytes; each of a rank's 2 (N - 1) int8 segments pads up to 3
+        # bytes (codecs/packing.py aligns the fp32 side rows).
+        padding = 3 * 2 * (world - 1) if codec == "int8" else 0
         assert expected - 1 <= counted <= expected + padding, mine
         assert expected <= link <= expected * (1 + OVERHEAD), (codec, link, expected, mine)

@@ -4,26 +4,29 @@ The bucket is cut into N contiguous shards, shard r owned by rank r (whole int8 
 an owner's scales are its own). One step of one bucket, on every rank:
 
 1. encode: payload = encode(grad + residual) in one fused pass (`ops.compress_ef_`), the
-   residual keeping what rounding dropped; then alltoall: shard r of the payload to rank r,
-   with its scales and this rank's non-finite flag (the "side" row, fp32), all in one
-   byte buffer (`packing.py`: one collective per phase, not two, since on a slow link each
-   costs a round of latency);
+   residual keeping what rounding dropped; then alltoall: shard r of the payload to rank r.
+   int8 sends its scales and this rank's non-finite flag with it (the "side" row, fp32), in
+   one byte buffer (`packing.py`: one collective per phase, not two, since on a slow link
+   each costs a round of latency); fp16 and bf16 send the payload alone, whose Inf and NaN
+   say for themselves what a flag would (`framing.py`);
 2. own: the owner decodes the N copies of its shard it received and sums them in fp32, in
    one fused pass (`ops.decompress_sum_`, so nothing is added in fp16 or bf16 and nothing
    overflows there), then re-encodes the average with *its own* residual: what the second
    rounding drops is sent at the next step, not lost (without it, int8 delivered 4 % of a
-   small steady gradient: tests/test_exchange.py). The flag it sends on is the max of those it received and its own;
-   alltoall again: the owner's shard, scales and flag, one copy to every rank. Not an allgather,
+   small steady gradient: tests/test_exchange.py). An int8 owner's flag is the max of those it
+   received and its own; alltoall again: the owner's shard (with its scales and flag, int8),
+   one copy to every rank. Not an allgather,
    which moves the same bytes: Gloo's allgather is a ring of N - 1 rounds, each waiting for
    the round before it on every link, where its alltoall sends to every peer at once. At
    25mbit/400ms on 4 testbed hosts that made fp16 at s = 0 1.47, 1.50, 1.41 steps/s against
    1.38, 1.30, 1.27, and int8 at s = 2 3.28, 3.25 against 3.04, 3.05 (benchmarks/RESULTS.md);
 3. decode: everyone decodes the whole bucket (the shards arrive in rank order, end to end),
-   and skips the step if any owner's flag is set, so all ranks skip together.
+   and skips the step if its decode met a value that is not finite or any owner's flag is
+   set: every rank decodes the same bytes, so all ranks skip together.
 
 Each rank sends (N - 1) / N of the bucket in each of the two collectives: 2 (N - 1) / N · b bytes per
-element for a b-byte payload, plus the scales, N flags and at most 3 bytes of padding per
-segment, whatever N is. Payloads travel as bytes (Horovod 0.28.1 has no bfloat16 type
+element for a b-byte payload (int8: plus its scales, N flags and at most 3 bytes of padding
+per segment), whatever N is. Payloads travel as bytes (Horovod 0.28.1 has no bfloat16 type
 anyway): nothing on the wire does arithmetic on them (the owner sums in fp32).
 """
 from __future__ import annotations
@@ -33,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from transientvod import ops
-from transientvod.codecs.packing import SegmentLayout, pack_copies, pack_shards, unpack_rows, unpack_segments
+from transientvod.codecs.framing import Bare, Framed
 from transientvod.codecs.transfer import Protocol
 from transientvod.codecs.wire import Wire
 
@@ -74,6 +77,11 @@ class ShardLayout:
         return cls(elements, start, counts if scaled else [0] * world)
 
 
+def _worst(flag: torch.Tensor, received: torch.Tensor | None) -> torch.Tensor:
+    """A flag, or the max of it and the flag that came with what was received, if one did."""
+    return flag if received is None else torch.maximum(flag, received)
+
+
 def _no_nonfinite_yet(device: torch.device) -> torch.Tensor:
     """A zeroed flag for the ops' flag=: they OR 1 into it on the device when they see NaN/Inf."""
     return torch.zeros(1, dtype=torch.int32, device=device)
@@ -82,7 +90,7 @@ def _no_nonfinite_yet(device: torch.device) -> torch.Tensor:
 class ScatterReduce:
     """One bucket's codec: the sender's residual (whole bucket) and the owner's (its shard)."""
 
-    __slots__ = ("format", "numel", "device", "block", "residual", "owner_residual", "_layouts", "_segments")
+    __slots__ = ("format", "numel", "device", "block", "residual", "owner_residual", "_layouts", "_framings")
 
     def __init__(self, fmt: Format, numel: int, device: torch.device, block: int):
         self.format = fmt
@@ -92,7 +100,7 @@ class ScatterReduce:
         self.residual = torch.zeros(numel, dtype=torch.float32, device=device)
         self.owner_residual = torch.zeros(0, dtype=torch.float32, device=device)  # sized by the ring
         self._layouts: dict[int, ShardLayout] = {}
-        self._segments: dict[tuple[int, int], tuple[SegmentLayout, SegmentLayout]] = {}
+        self._framings: dict[tuple[int, int], Bare | Framed] = {}
 
     @property
     def name(self) -> str:
@@ -103,15 +111,14 @@ class ScatterReduce:
             self._layouts[world] = ShardLayout.of(self.numel, world, self.block, self.format.scaled)
         return self._layouts[world]
 
-    def segments(self, world: int, rank: int) -> tuple[SegmentLayout, SegmentLayout]:
-        """The two alltoalls' byte layouts: segment r holds owner r's shard (to it in phase 1,
-        from it in phase 2's answer), and this owner's copies of its reduced shard, one a rank."""
-        if (world, rank) not in self._segments:
-            layout, itemsize = self.layout(world), self.format.payload.itemsize
-            shards = SegmentLayout(layout.scales, layout.elements, itemsize)
-            copies = SegmentLayout([layout.scales[rank]] * world, [layout.elements[rank]] * world, itemsize)
-            self._segments[(world, rank)] = shards, copies
-        return self._segments[(world, rank)]
+    def framing(self, world: int, rank: int) -> Bare | Framed:
+        """How the two alltoalls carry this rank's shards (framing.py): int8's scales and flag
+        need a side row; fp16's and bf16's Inf and NaN travel as themselves."""
+        if (world, rank) not in self._framings:
+            layout, dtype = self.layout(world), self.format.payload
+            self._framings[(world, rank)] = (Framed(dtype, layout.elements, layout.scales, rank) if self.format.scaled
+                                             else Bare(dtype, layout.elements, rank))
+        return self._framings[(world, rank)]
 
     def reset_residual(self) -> None:
         self.residual.zero_()
@@ -119,50 +126,43 @@ class ScatterReduce:
 
     def start(self, grad: torch.Tensor, wire: Wire, name: str, world: int, rank: int) -> Protocol:
         fmt, block, device = self.format, self.block, self.device
-        layout = self.layout(world)
+        layout, framing = self.layout(world), self.framing(world, rank)
 
         # -- phase 1: encode with the sender's residual; each shard to its owner ---------------
-        # The non-finite flags stay on the device (ops' flag=) until the exchange reads a step's once: on a
-        # GPU each read waits for the stream, which would hold the next step's launches back.
+        # The non-finite flags stay on the device (ops' flag=) until the exchange reads a step's
+        # once: on a GPU each read waits for the stream, which would hold the next step's launches back.
         payload = torch.empty(self.numel, dtype=fmt.payload, device=device)
         scales = torch.empty(sum(layout.scales), dtype=torch.float32, device=device) if fmt.scaled else None
         bad = _no_nonfinite_yet(device)
         if self.numel > 0:
             ops.compress_ef_(grad, self.residual, payload, 1.0, scales=scales, block=block, flag=bad)
-        shards_layout, copies_layout = self.segments(world, rank)
-        outgoing = pack_shards(shards_layout, scales, bad.float(), payload)
-        (incoming, _), = yield [wire.alltoall(outgoing, shards_layout.sizes, name + ".shards")]
+        outgoing, splits = framing.to_owners(payload, scales, bad.float())
+        (incoming, _), = yield [wire.alltoall(outgoing, splits, name + ".shards")]
 
         # -- phase 2: the owner sums in fp32 and re-encodes with its own residual ---------------
+        senders = framing.at_owner(incoming)
         mine, my_scales = layout.elements[rank], layout.scales[rank]
-        side_in, shards = unpack_rows(incoming, world, my_scales + 1, fmt.payload, mine)
         total = torch.empty(mine, dtype=torch.float32, device=device)
         reduced = torch.empty(mine, dtype=fmt.payload, device=device)
         reduced_scales = torch.empty(my_scales, dtype=torch.float32, device=device) if fmt.scaled else None
         owner_bad = _no_nonfinite_yet(device)
         if mine:
             # One pass: the N copies decoded and added in fp32, in rank order, so every owner adds
-            # alike. A non-finite sum would also make the re-encoding's payload non-finite.
-            ops.decompress_sum_(shards, total, 1.0, scales=side_in[:, :my_scales].contiguous() if fmt.scaled else None,
-                                block=block, flag=owner_bad)
+            # alike. A non-finite sum also makes the re-encoding's payload non-finite.
+            ops.decompress_sum_(senders.payload, total, 1.0, scales=senders.scales, block=block, flag=owner_bad)
             ops.compress_ef_(total, self._owner_residual(mine), reduced, 1.0 / world,
                              scales=reduced_scales, block=block, flag=owner_bad)
-        # What this owner sends on: its own flag or any sender's.
-        flag = torch.maximum(owner_bad.float(), side_in[:, my_scales].max().reshape(1))
-        outgoing = pack_copies(copies_layout, reduced_scales, flag, reduced)
-        (from_owners, _), = yield [wire.alltoall(outgoing, copies_layout.sizes, name + ".owners")]
+        outgoing, splits = framing.to_everyone(reduced, reduced_scales, _worst(owner_bad.float(), senders.flag))
+        (from_owners, _), = yield [wire.alltoall(outgoing, splits, name + ".owners")]
 
         # -- phase 3 (when the optimizer wants it): decode the whole bucket ----------------------
-        # The owners' segments have the shapes of the shards sent to them in phase 1.
-        all_scales, owners_flags, everything = unpack_segments(from_owners, shards_layout, fmt.payload)
-        owners_flag = owners_flags.max()
-        all_scales = all_scales if fmt.scaled else None
+        owners = framing.from_owners(from_owners)
 
         def decode(out: torch.Tensor) -> torch.Tensor:
             bad = _no_nonfinite_yet(device)
             if self.numel > 0:
-                ops.decompress_avg_(everything, out, 1.0, scales=all_scales, block=block, flag=bad)
-            return torch.maximum(bad.float(), owners_flag)  # the flag, read by the exchange
+                ops.decompress_avg_(owners.payload, out, 1.0, scales=owners.scales, block=block, flag=bad)
+            return _worst(bad.float(), owners.flag)  # the flag, read by the exchange
         return decode
 
     def _owner_residual(self, mine: int) -> torch.Tensor:
