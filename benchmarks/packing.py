@@ -8,7 +8,8 @@ int8's last block is short), split among N owners as the protocol splits it (Sha
 Per N and payload, the three packings of one step: the shards to their owners (phase 1),
 an owner's copies of its reduced shard (phase 2), and the owners' segments back into scales,
 flags and one payload (phase 3). "per segment" writes and reads each segment with its own
-slice copies, the plain way, as packing did before runs. Each variant takes the best of
+slice copies, the plain way, as packing did before runs. Only int8 packs side rows now
+(codecs/framing.py: fp16 and bf16 send their payload alone); fp16 stands for a 2-byte payload. Each variant takes the best of
 --reps rounds of 200 calls, the rounds interleaved, warm (one process, one thread).
 
 Goal: packing by runs costs the same at N = 256 as at N = 4 (within 1.5x), where one copy
