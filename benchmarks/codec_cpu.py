@@ -24,14 +24,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from local_job import REPO, print_rows, run_worker_job
+
 CODECS = ("none", "fp16", "bf16", "int8")
 WARMUP_STEPS = 20
 BATCH = 16
@@ -112,7 +110,7 @@ def worker(steps: int, rounds: int, staleness: int) -> None:
         timed = steps * rounds
         rows = [{"codec": codec, **{part: 1e3 * totals[codec][part] / timed for part in ("wall", "cpu", *PARTS)}}
                 for codec in CODECS]
-        print("ROWS " + json.dumps(rows), flush=True)
+        print_rows(rows)
 
 
 def main() -> int:
@@ -131,34 +129,26 @@ def main() -> int:
     cores = os.cpu_count() or 1
     print(f"{args.ranks} ranks on this host's {cores} cores, s = {args.staleness}, {args.steps} steps per codec "
           f"and round after {WARMUP_STEPS} warm-up, {args.rounds} rounds", flush=True)
-    horovodrun = str(Path(sys.executable).parent / "horovodrun")
-    done = subprocess.run([horovodrun, "-np", str(args.ranks), "-H", f"localhost:{args.ranks}", "--gloo",
-                           sys.executable, __file__, "--worker", "--steps", str(args.steps),
-                           "--rounds", str(args.rounds), "--staleness", str(args.staleness)],
-                          capture_output=True, text=True, cwd=REPO)
-    lines = [line.partition("ROWS ")[2] for line in done.stdout.splitlines() if "ROWS " in line]
-    if done.returncode != 0 or not lines:
-        print(done.stdout[-3000:] + done.stderr[-3000:], file=sys.stderr)
-        print(f"codec_cpu: the horovodrun job failed (exit {done.returncode}); its output is above.", file=sys.stderr)
+    found = run_worker_job(__file__, args.ranks, ["--steps", str(args.steps), "--rounds", str(args.rounds),
+                                                   "--staleness", str(args.staleness)])
+    if found is None:
         return 1
-    rows = {row["codec"]: row for row in json.loads(lines[0])}
+    rows = {row["codec"]: row for row in found}
     base = rows["none"]
     wall_per_cpu_ms = max(1.0, args.ranks / cores)
+    cost = {codec: 100 * (row["wall"] / base["wall"] - 1) for codec, row in rows.items()}
+    floor = {codec: 100 * row["kernels"] * wall_per_cpu_ms / base["wall"] for codec, row in rows.items()}
     print(f"{'codec':6} {'wall ms':>8} {'cost':>7} {'CPU ms':>7} {'+CPU':>6} {'kernels':>8} {'packing':>8} "
           f"{'alltoall':>9} {'floor':>6}")
     for codec, row in rows.items():
-        cost = 100 * (row["wall"] / base["wall"] - 1)
-        floor = 100 * row["kernels"] * wall_per_cpu_ms / base["wall"]
-        print(f"{codec:6} {row['wall']:8.2f} {cost:6.1f}% {row['cpu']:7.2f} {row['cpu'] - base['cpu']:6.2f} "
-              f"{row['kernels']:8.2f} {row['packing']:8.2f} {row['alltoall']:9.2f} {floor:5.1f}%")
-    for codec, row in rows.items():
+        print(f"{codec:6} {row['wall']:8.2f} {cost[codec]:6.1f}% {row['cpu']:7.2f} {row['cpu'] - base['cpu']:6.2f} "
+              f"{row['kernels']:8.2f} {row['packing']:8.2f} {row['alltoall']:9.2f} {floor[codec]:5.1f}%")
+    for codec in rows:
         if codec == "none":
             continue
-        cost = 100 * (row["wall"] / base["wall"] - 1)
-        floor = 100 * row["kernels"] * wall_per_cpu_ms / base["wall"]
-        print(f"{codec}: costs {cost:.1f} % against none ({'met' if cost <= 10 else 'NOT MET'}: at most 10 %); "
-              f"its kernels alone would cost about {floor:.1f} %"
-              f"{' (over the goal whatever else changes)' if floor > 10 else ''}")
+        print(f"{codec}: costs {cost[codec]:.1f} % against none ({'met' if cost[codec] <= 10 else 'NOT MET'}: "
+              f"at most 10 %); its kernels alone would cost about {floor[codec]:.1f} %"
+              f"{' (over the goal whatever else changes)' if floor[codec] > 10 else ''}")
     return 0
 
 

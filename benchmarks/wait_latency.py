@@ -19,15 +19,13 @@ costs less CPU per op than the yield loop.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from local_job import REPO, print_rows, run_worker_job
+
 SIZES = {"1 float": 1, "1 MB": 256 * 1024}
 WAYS = ("yield loop", "synchronize", "horovod_wait")
 
@@ -67,7 +65,7 @@ def worker(ops: int, rounds: int) -> None:
                  "mean_us": statistics.fmean(samples[(way, size)]) * 1e6,
                  "cpu_ms_per_op": cpu[(way, size)] / len(samples[(way, size)]) * 1e3}
                 for size in SIZES for way in WAYS]
-        print("ROWS " + json.dumps(rows), flush=True)
+        print_rows(rows)
 
 
 def main() -> int:
@@ -81,17 +79,10 @@ def main() -> int:
     if args.worker:
         worker(args.ops, args.rounds)
         return 0
-    horovodrun = str(Path(sys.executable).parent / "horovodrun")
     print(f"2 ranks on this host, {args.ops} allreduces per way, size and round, {args.rounds} rounds", flush=True)
-    done = subprocess.run([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, __file__,
-                           "--worker", "--ops", str(args.ops), "--rounds", str(args.rounds)],
-                          capture_output=True, text=True, cwd=REPO)
-    lines = [line.partition("ROWS ")[2] for line in done.stdout.splitlines() if "ROWS " in line]
-    if done.returncode != 0 or not lines:
-        print(done.stdout[-3000:] + done.stderr[-3000:], file=sys.stderr)
-        print(f"wait_latency: the horovodrun job failed (exit {done.returncode}); its output is above.", file=sys.stderr)
+    rows = run_worker_job(__file__, 2, ["--ops", str(args.ops), "--rounds", str(args.rounds)])
+    if rows is None:
         return 1
-    rows = json.loads(lines[0])
     base = {row["size"]: row for row in rows if row["way"] == "yield loop"}
     print(f"{'size':8} {'way':13} {'median us':>10} {'mean us':>9} {'CPU ms/op':>10} {'mean/yield':>11} {'CPU/yield':>10}")
     for row in rows:

@@ -3,11 +3,13 @@ bit for bit, routed as Horovod's alltoall routes it, for every owner of N = 2, 3
 fp16 and bf16 send the payload's own bytes, and their Inf and NaN arrive as themselves."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from transientvod.codecs import ShardLayout
-from transientvod.codecs.framing import Bare, Framed
+from transientvod.codecs.framing import Bare, Framed, Received
 
 BLOCK = 512
 NUMEL = 3 * BLOCK + 77  # shards differ in size, and int8's last block is short
@@ -46,35 +48,44 @@ def test_shards_reach_their_owners_and_the_owners_shards_reach_everyone(name, wo
     generator = torch.Generator().manual_seed(world)
     payloads = [random_payload(dtype, NUMEL, generator) for _ in range(world)]
     scales = [torch.rand(sum(layout.scales), generator=generator) if scaled else None for _ in range(world)]
-    flags = [torch.tensor([float(rank == 1)]) for rank in range(world)]  # rank 1 saw a NaN
+    flags = [torch.tensor([int(rank == 1)], dtype=torch.int32) for rank in range(world)]  # rank 1 saw a NaN
 
     received = alltoall([made[rank].to_owners(payloads[rank], scales[rank], flags[rank]) for rank in range(world)])
+    senders = [made[owner].at_owner(received[owner]) for owner in range(world)]
     for owner in range(world):
-        senders = made[owner].at_owner(received[owner])
         start, mine = layout.start[owner], layout.elements[owner]
         expected = torch.stack([payload[start:start + mine] for payload in payloads])
-        assert torch.equal(bits(senders.payload), bits(expected))
+        assert torch.equal(bits(senders[owner].payload), bits(expected))
         if scaled:
             first = sum(layout.scales[:owner])
-            assert torch.equal(senders.scales, torch.stack([s[first:first + layout.scales[owner]] for s in scales]))
-            assert senders.flag.tolist() == [1.0]  # the max of the senders' flags
+            assert torch.equal(senders[owner].scales,
+                               torch.stack([s[first:first + layout.scales[owner]] for s in scales]))
+            assert senders[owner].flag.tolist() == [1.0]  # the max of the senders' flags
         else:
-            assert senders.scales is None and senders.flag is None
+            assert senders[owner].scales is None and senders[owner].flag is None
 
     reduced = [random_payload(dtype, layout.elements[owner], generator) for owner in range(world)]
     reduced_scales = [torch.rand(layout.scales[owner], generator=generator) if scaled else None
                       for owner in range(world)]
-    owner_flags = [torch.tensor([float(owner == world - 1)]) for owner in range(world)]
-    answered = alltoall([made[owner].to_everyone(reduced[owner], reduced_scales[owner], owner_flags[owner])
-                         for owner in range(world)])
-    for rank in range(world):
-        owners = made[rank].from_owners(answered[rank])
-        assert torch.equal(bits(owners.payload), bits(torch.cat(reduced)))
-        if scaled:
-            assert torch.equal(owners.scales, torch.cat(reduced_scales))
-            assert owners.flag.tolist() == [1.0]
-        else:
-            assert owners.scales is None and owners.flag is None
+
+    def answer(owner_flags: list[int], received: list[Received]) -> list[Received]:
+        bad = [torch.tensor([flag], dtype=torch.int32) for flag in owner_flags]
+        answered = alltoall([made[owner].to_everyone(reduced[owner], reduced_scales[owner], bad[owner], received[owner])
+                             for owner in range(world)])
+        return [made[rank].from_owners(answered[rank]) for rank in range(world)]
+
+    quiet = [replace(got, flag=torch.zeros(1)) if scaled else got for got in senders]  # no sender flagged
+    last_owner_flagged = [int(owner == world - 1) for owner in range(world)]
+    for owners_flags, received, expected_flag in (([0] * world, senders, 1.0),  # a sender's flag carried on
+                                                  (last_owner_flagged, quiet, 1.0),  # an owner's own flag
+                                                  ([0] * world, quiet, 0.0)):
+        for owners in answer(owners_flags, received):
+            assert torch.equal(bits(owners.payload), bits(torch.cat(reduced)))
+            if scaled:
+                assert torch.equal(owners.scales, torch.cat(reduced_scales))
+                assert owners.flag.tolist() == [expected_flag]
+            else:
+                assert owners.scales is None and owners.flag is None
 
 
 @pytest.mark.parametrize("name", ["fp16", "bf16"])
@@ -84,7 +95,7 @@ def test_16_bit_payloads_travel_as_their_own_bytes_inf_and_nan_included(name):
     layout, made = framings(name, world)
     payload = torch.randn(NUMEL).to(dtype)
     payload[5], payload[NUMEL - 1] = float("nan"), float("-inf")
-    outgoing, splits = made[0].to_owners(payload, None, torch.zeros(1))
+    outgoing, splits = made[0].to_owners(payload, None, torch.zeros(1, dtype=torch.int32))
     assert outgoing.data_ptr() == payload.data_ptr()  # no copy: the encoder's output is the buffer
     assert splits == [n * dtype.itemsize for n in layout.elements]
     owners = made[0].from_owners(outgoing)

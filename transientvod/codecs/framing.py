@@ -3,8 +3,10 @@
 The protocol (scatter_reduce.py) needs four things of a framing: the buffer and splits that
 send each owner its shard (`to_owners`), what an owner received (`at_owner`), the buffer that
 sends the owner's reduced shard to every rank (`to_everyone`), and the whole bucket from the
-owners' answers (`from_owners`). What is received comes back as a `Received`: the payload,
-its int8 scales, and the max of the non-finite flags that came with it, where any did.
+owners' answers (`from_owners`). The flags handed in are the ops' own (int32, set where a
+pass met a value that is not finite); what is received comes back as a `Received`: the
+payload, its int8 scales, and the max of the non-finite flags that came with it (fp32), where
+any did.
 
 - `Bare` (fp16, bf16): the payload alone. A value that is not finite travels as itself (the
   encoders write Inf or NaN where x was not finite or overflowed), and every pass that reads
@@ -49,14 +51,15 @@ class Bare:
         self.shard_bytes = [n * dtype.itemsize for n in elements]
         self.mine = elements[rank]
 
-    def to_owners(self, payload: torch.Tensor, scales: None, flag: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+    def to_owners(self, payload: torch.Tensor, scales: None, bad: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
         return payload.view(torch.uint8), self.shard_bytes
 
     def at_owner(self, incoming: torch.Tensor) -> Received:
         _refuse(incoming.numel(), self.world * self.mine * self.dtype.itemsize)
         return Received(incoming.view(self.dtype).view(self.world, self.mine), None, None)
 
-    def to_everyone(self, reduced: torch.Tensor, scales: None, flag: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+    def to_everyone(self, reduced: torch.Tensor, scales: None, bad: torch.Tensor, senders: Received
+                    ) -> tuple[torch.Tensor, list[int]]:
         return reduced.view(torch.uint8).repeat(self.world), [reduced.numel() * self.dtype.itemsize] * self.world
 
     def from_owners(self, buffer: torch.Tensor) -> Received:
@@ -77,17 +80,19 @@ class Framed:
         self.shards = SegmentLayout(scales, elements, dtype.itemsize)
         self.copies = SegmentLayout([self.my_scales] * self.world, [self.mine] * self.world, dtype.itemsize)
 
-    def to_owners(self, payload: torch.Tensor, scales: torch.Tensor, flag: torch.Tensor
+    def to_owners(self, payload: torch.Tensor, scales: torch.Tensor, bad: torch.Tensor
                   ) -> tuple[torch.Tensor, list[int]]:
-        return pack_shards(self.shards, scales, flag, payload), self.shards.sizes
+        return pack_shards(self.shards, scales, bad.float(), payload), self.shards.sizes
 
     def at_owner(self, incoming: torch.Tensor) -> Received:
         _refuse(incoming.numel(), self.copies.total)
         side, shards = unpack_rows(incoming, self.world, self.my_scales + 1, self.dtype, self.mine)
         return Received(shards, side[:, :self.my_scales].contiguous(), side[:, self.my_scales].max().reshape(1))
 
-    def to_everyone(self, reduced: torch.Tensor, scales: torch.Tensor, flag: torch.Tensor
+    def to_everyone(self, reduced: torch.Tensor, scales: torch.Tensor, bad: torch.Tensor, senders: Received
                     ) -> tuple[torch.Tensor, list[int]]:
+        # What this owner sends on: its own flag or any sender's.
+        flag = torch.maximum(bad.float(), senders.flag)
         return pack_copies(self.copies, scales, flag, reduced), self.copies.sizes
 
     def from_owners(self, buffer: torch.Tensor) -> Received:

@@ -13,8 +13,8 @@ multiple of 4 bytes long, so each side row lies on a 4-byte boundary and reads b
 Segments of one shape lie end to end, so a run of them is a [count, segment bytes] matrix
 and one strided copy fills (or empties) a column of it for the whole run. The owners' shards
 come in at most three shapes (ShardLayout: the larger shards, the smaller, a short last int8
-block), so packing takes a few ops whatever the number of ranks; a copy per segment took
-two ops per rank and bucket, which at 4 ranks was most of the packing's CPU.
+block), so packing takes a few ops whatever the number of ranks, where a copy per segment
+took two ops per rank and bucket (benchmarks/packing.py).
 """
 from __future__ import annotations
 
@@ -42,6 +42,13 @@ class Run:
     at: int
     scale_at: int
     element_at: int
+
+    def columns(self, itemsize: int) -> tuple[int, int, int]:
+        """Byte offsets in each segment: the flag's (after the scales), the payload's, and the
+        payload's end (padding follows)."""
+        flag_at = 4 * self.scales
+        payload_at = flag_at + FLAG_BYTES
+        return flag_at, payload_at, payload_at + self.elements * itemsize
 
 
 class SegmentLayout:
@@ -74,16 +81,19 @@ def _bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1).view(torch.uint8)
 
 
+def _rows(flat: torch.Tensor, first: int, count: int, width: int) -> torch.Tensor:
+    """`count` rows of `width` bytes from byte `first` of a flat byte tensor, as a view."""
+    return flat[first:first + count * width].view(count, width)
+
+
 def _fill(rows: torch.Tensor, run: Run, itemsize: int, scales: torch.Tensor, flag: torch.Tensor,
           payload: torch.Tensor) -> None:
     """One run's columns from byte matrices: scales [count or 1, 4 * run.scales], flag [1, 4],
     payload [count or 1, elements * itemsize]; a single row is repeated down the run."""
-    scale_end = 4 * run.scales
-    payload_at = scale_end + FLAG_BYTES
-    payload_end = payload_at + run.elements * itemsize
+    flag_at, payload_at, payload_end = run.columns(itemsize)
     if run.scales:
-        rows[:, :scale_end] = scales
-    rows[:, scale_end:payload_at] = flag
+        rows[:, :flag_at] = scales
+    rows[:, flag_at:payload_at] = flag
     if run.elements:
         rows[:, payload_at:payload_end] = payload
     if payload_end < run.segment:
@@ -97,14 +107,12 @@ def pack_shards(layout: SegmentLayout, scales: torch.Tensor | None, flag: torch.
     buffer = torch.empty(layout.total, dtype=torch.uint8, device=payload.device)
     scale_bytes, payload_bytes, flag_bytes = _bytes(scales if scales is not None else flag[:0]), _bytes(payload), \
         _bytes(flag).view(1, FLAG_BYTES)
+    itemsize = layout.itemsize
     for run in layout.runs:
-        rows = layout.rows(buffer, run)
-        row_scales, row_payload = 4 * run.scales, run.elements * layout.itemsize
-        _fill(rows, run, layout.itemsize,
-              scale_bytes[4 * run.scale_at:4 * run.scale_at + run.count * row_scales].view(run.count, row_scales),
-              flag_bytes,
-              payload_bytes[run.element_at * layout.itemsize:
-                            run.element_at * layout.itemsize + run.count * row_payload].view(run.count, row_payload))
+        flag_at, payload_at, payload_end = run.columns(itemsize)
+        _fill(layout.rows(buffer, run), run, itemsize,
+              _rows(scale_bytes, 4 * run.scale_at, run.count, flag_at), flag_bytes,
+              _rows(payload_bytes, run.element_at * itemsize, run.count, payload_end - payload_at))
     return buffer
 
 
@@ -151,16 +159,12 @@ def unpack_segments(buffer: torch.Tensor, layout: SegmentLayout, payload_dtype: 
     segment = 0
     for run in layout.runs:
         rows = layout.rows(buffer, run)
-        scale_end = 4 * run.scales
-        payload_at = scale_end + FLAG_BYTES
-        row_payload = run.elements * itemsize
+        flag_at, payload_at, payload_end = run.columns(itemsize)
         if run.scales:
-            scale_bytes[4 * run.scale_at:4 * run.scale_at + run.count * scale_end].view(run.count, scale_end) \
-                .copy_(rows[:, :scale_end])
-        flag_bytes[FLAG_BYTES * segment:FLAG_BYTES * (segment + run.count)].view(run.count, FLAG_BYTES) \
-            .copy_(rows[:, scale_end:payload_at])
+            _rows(scale_bytes, 4 * run.scale_at, run.count, flag_at).copy_(rows[:, :flag_at])
+        _rows(flag_bytes, FLAG_BYTES * segment, run.count, FLAG_BYTES).copy_(rows[:, flag_at:payload_at])
         if run.elements:
-            payload_bytes[run.element_at * itemsize:run.element_at * itemsize + run.count * row_payload] \
-                .view(run.count, row_payload).copy_(rows[:, payload_at:payload_at + row_payload])
+            _rows(payload_bytes, run.element_at * itemsize, run.count, payload_end - payload_at) \
+                .copy_(rows[:, payload_at:payload_end])
         segment += run.count
     return scales, flags, payload

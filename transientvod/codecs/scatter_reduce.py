@@ -77,11 +77,6 @@ class ShardLayout:
         return cls(elements, start, counts if scaled else [0] * world)
 
 
-def _worst(flag: torch.Tensor, received: torch.Tensor | None) -> torch.Tensor:
-    """A flag, or the max of it and the flag that came with what was received, if one did."""
-    return flag if received is None else torch.maximum(flag, received)
-
-
 def _no_nonfinite_yet(device: torch.device) -> torch.Tensor:
     """A zeroed flag for the ops' flag=: they OR 1 into it on the device when they see NaN/Inf."""
     return torch.zeros(1, dtype=torch.int32, device=device)
@@ -136,7 +131,7 @@ class ScatterReduce:
         bad = _no_nonfinite_yet(device)
         if self.numel > 0:
             ops.compress_ef_(grad, self.residual, payload, 1.0, scales=scales, block=block, flag=bad)
-        outgoing, splits = framing.to_owners(payload, scales, bad.float())
+        outgoing, splits = framing.to_owners(payload, scales, bad)
         (incoming, _), = yield [wire.alltoall(outgoing, splits, name + ".shards")]
 
         # -- phase 2: the owner sums in fp32 and re-encodes with its own residual ---------------
@@ -152,7 +147,7 @@ class ScatterReduce:
             ops.decompress_sum_(senders.payload, total, 1.0, scales=senders.scales, block=block, flag=owner_bad)
             ops.compress_ef_(total, self._owner_residual(mine), reduced, 1.0 / world,
                              scales=reduced_scales, block=block, flag=owner_bad)
-        outgoing, splits = framing.to_everyone(reduced, reduced_scales, _worst(owner_bad.float(), senders.flag))
+        outgoing, splits = framing.to_everyone(reduced, reduced_scales, owner_bad, senders)
         (from_owners, _), = yield [wire.alltoall(outgoing, splits, name + ".owners")]
 
         # -- phase 3 (when the optimizer wants it): decode the whole bucket ----------------------
@@ -162,7 +157,8 @@ class ScatterReduce:
             bad = _no_nonfinite_yet(device)
             if self.numel > 0:
                 ops.decompress_avg_(owners.payload, out, 1.0, scales=owners.scales, block=block, flag=bad)
-            return _worst(bad.float(), owners.flag)  # the flag, read by the exchange
+            flag = bad.float()  # read by the exchange, once a step
+            return flag if owners.flag is None else torch.maximum(flag, owners.flag)
         return decode
 
     def _owner_residual(self, mine: int) -> torch.Tensor:
