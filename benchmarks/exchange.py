@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from testbed import (RESNET32, MachineLoad, busy_share, cpu_ms_per_step, job_config, job_directory,  # noqa: E402
                      job_env, ms_per_step, run_to_end, steps_per_second, testbed)
 from transientvod.codecs import payload_bytes  # noqa: E402
-from transientvod.config.schema import ExchangeConfig, ModelConfig  # noqa: E402
+from transientvod.config.schema import ModelConfig  # noqa: E402
 from transientvod.models import build_model, count_parameters  # noqa: E402
 from transientvod.testbed import cluster  # noqa: E402
 from transientvod.testbed.rehearsal import Rehearsal  # noqa: E402
@@ -209,9 +209,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0,
                         help="the jobs' train.seed (initial weights, batch order): a second seed tells a real "
                              "accuracy difference from one run's luck")
-    parser.add_argument("--bucket-elements", type=int, default=ExchangeConfig.bucket_elements,
+    parser.add_argument("--bucket-elements", type=int, default=None,
                         help="exchange.bucket_elements of every row but none at staleness 0 (Horovod's own "
-                             "buckets); 4194304: ResNet-32 in one bucket, started when backward ends")
+                             "buckets); default: the product's, by staleness (at 0 ResNet-32 in 3 buckets, "
+                             "when stale in one, started when backward ends)")
     parser.add_argument("--out", default="runs/exchange-bench", help="keep each job's directory here ('' to not)")
     parser.add_argument("--exchanges", default=",".join(f"{c}:{s}" for c, s in EXCHANGES),
                         help="codec:staleness pairs, comma-separated (the goals need all six)")

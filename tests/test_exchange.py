@@ -206,10 +206,32 @@ def test_a_second_backward_before_step_is_one_sentence():
 
 
 def test_the_config_defaults_are_the_exchange_defaults():
+    import inspect
+
     from transientvod.config.schema import ExchangeConfig
-    from transientvod.exchange import BUCKET_ELEMENTS, MIN_COMPRESS_ELEMENTS
-    assert (ExchangeConfig().bucket_elements, ExchangeConfig().min_compress_elements) == (BUCKET_ELEMENTS,
-                                                                                          MIN_COMPRESS_ELEMENTS)
+    from transientvod.exchange import MIN_COMPRESS_ELEMENTS
+    defaults = inspect.signature(GradientExchange).parameters
+    assert ExchangeConfig().min_compress_elements == MIN_COMPRESS_ELEMENTS == defaults["min_compress_elements"].default
+    assert ExchangeConfig().bucket_elements is None and defaults["bucket_elements"].default is None
+
+
+def test_the_default_buckets_follow_the_staleness():
+    """Unset, bucket_elements cuts the gradient in BACKWARD_BUCKETS buckets at staleness 0
+    (they start during backward), none under BUCKET_ELEMENTS, and in one bucket when stale,
+    where s steps hide the exchange and every bucket costs CPU. A given size wins."""
+    from transientvod.exchange import BACKWARD_BUCKETS, BUCKET_ELEMENTS
+
+    def cut(sizes, staleness, **options):
+        params = [torch.nn.Parameter(torch.zeros(n)) for n in sizes]
+        exchange = GradientExchange(torch.optim.SGD(params, lr=1.0), params, staleness=staleness, **options)
+        return [sum(p.numel() for p in bucket.params) for bucket in exchange.buckets]
+
+    large = [1_000_000] * 6  # a third is 2M elements, far above BUCKET_ELEMENTS
+    assert BACKWARD_BUCKETS == 3 and cut(large, 0) == [2_000_000] * 3
+    assert cut(large, 1) == cut(large, 2) == [6_000_000]
+    small = [40_000] * 6  # a third is 80K, under BUCKET_ELEMENTS: buckets of at least that
+    assert cut(small, 0) == [160_000, 80_000] and cut(small, 2) == [240_000]
+    assert cut(large, 2, bucket_elements=BUCKET_ELEMENTS) == [1_000_000] * 6
 
 
 def test_a_discarded_exchange_frees_its_codecs_while_the_model_lives():

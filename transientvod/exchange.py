@@ -52,16 +52,33 @@ from transientvod.horovod_wait import POLL_SECONDS, wait_for_distributed_optimiz
 
 log = logging.getLogger(__name__)
 
-# A bucket closes once it holds this many elements (512 KB of fp32). Small enough that a
-# CIFAR ResNet-32 (464,154 parameters) makes 3 buckets, whose exchanges start while backward
-# is still on the layers before them; big enough that each compresses (MIN_COMPRESS_ELEMENTS)
-# and that Horovod's per-op overhead (a negotiation per collective, two per bucket) stays small.
-# On 4 testbed hosts at 25mbit/400ms, fp16 at s = 0: 1.80 and 1.82 steps/s, against 1.58 and
-# 1.59 with one bucket and 1.85 and 1.80 with 65,536 (benchmarks/RESULTS.md,
-# "Buckets started during backward").
+# Unless exchange.bucket_elements says otherwise, the buckets follow the staleness
+# (`default_bucket_elements`). At s = 0 the gradient goes in BACKWARD_BUCKETS buckets, whose
+# exchanges start while backward is still on the layers before them. On 4 testbed hosts at
+# 25mbit/400ms, ResNet-32 (464,154 parameters), fp16 at s = 0: 1.80 and 1.82 steps/s in 3
+# buckets, against 1.58 and 1.59 in one and 1.85 and 1.80 in 6 (benchmarks/RESULTS.md,
+# "Buckets started during backward"). A count, not a size, since every bucket costs the same
+# CPU on every rank whatever its size: four calls to the kernels, two alltoalls (in Horovod,
+# each a negotiation and two collectives), their polls. A bucket holds at least BUCKET_ELEMENTS
+# (512 KB of fp32), so that a small model's compresses (MIN_COMPRESS_ELEMENTS).
+# While stale (s >= 1) a step's exchange has s more steps to finish in, so starting it during
+# backward hides little and the gradient goes in one bucket. 4 ranks on 2 cores
+# (benchmarks/codec_cpu.py, s = 2): fp16, bf16 and int8 cost 18.0, 15.1 and 19.2 % of a step
+# against `none` in 3 buckets, 2.0, -0.3 and 0.7 % in one (benchmarks/RESULTS.md, "Bucket
+# size and a codec's CPU").
+BACKWARD_BUCKETS = 3
 BUCKET_ELEMENTS = 1 << 17
 POLL_EVERY_GRADS = 8  # during backward, move the steps in flight on every this many parameters' gradients
 MIN_COMPRESS_ELEMENTS = 1 << 16  # smaller buckets go uncompressed: the saving is not worth a pass
+
+
+def default_bucket_elements(numel: int, staleness: int) -> int:
+    """The bucket size for a gradient of `numel` elements (the note above BACKWARD_BUCKETS):
+    at staleness 0, a BACKWARD_BUCKETS-th of it, at least BUCKET_ELEMENTS; stale, all of it.
+    Steps of a synchronous warm-up before the staleness begins keep the stale size."""
+    if staleness > 0:
+        return max(1, numel)
+    return max(BUCKET_ELEMENTS, -(-numel // BACKWARD_BUCKETS))
 
 
 class Bucket:
@@ -141,22 +158,25 @@ class GradientExchange:
 
     def __init__(self, optimizer: torch.optim.Optimizer, parameters, staleness: int = 0, codec: str = "none",
                  block: int = 512, min_compress_elements: int = MIN_COMPRESS_ELEMENTS, compress_from_step: int = 0,
-                 bucket_elements: int = BUCKET_ELEMENTS, name: str = "transientvod.grads", stale_from_step: int = 0,
+                 bucket_elements: int | None = None, name: str = "transientvod.grads", stale_from_step: int = 0,
                  start_in_backward: bool = True):
         """`name` prefixes the exchange's Horovod op names: two exchanges alive in one process
         at once (tests do that) need different names, since Horovod refuses a name in flight.
         Steps before `stale_from_step` are synchronous (finished in their own `step` call); from
         it on, a step is applied s steps later (elastic.StalenessRule says why). With
         `start_in_backward` off, every bucket starts in `step` (one backward's gradients may
-        then be accumulated over several)."""
+        then be accumulated over several). `bucket_elements` None: `default_bucket_elements`."""
         if isinstance(optimizer, _DistributedOptimizer):
             raise ValueError("wrap the plain torch optimizer: the exchange replaces hvd.DistributedOptimizer.")
         if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
             raise ValueError(f"exchange.staleness is {staleness!r}; it must be 0 (synchronous) or more steps.")
         check_codec(codec, block)
+        params = [p for p in parameters if p.requires_grad]
+        if bucket_elements is None:
+            bucket_elements = default_bucket_elements(sum(p.numel() for p in params), staleness)
         if isinstance(bucket_elements, bool) or not isinstance(bucket_elements, int) or bucket_elements < 1:
             raise ValueError(f"exchange.bucket_elements is {bucket_elements!r}; it must be a whole number, "
-                             "at least 1.")
+                             "at least 1 (or null: chosen by the staleness).")
         self.optimizer = optimizer
         self.staleness = staleness
         self.stale_from_step = stale_from_step
@@ -165,7 +185,7 @@ class GradientExchange:
         self.min_compress_elements = min_compress_elements
         self.compress_from_step = compress_from_step
         self.start_in_backward = start_in_backward
-        self.buckets = self._make_buckets([p for p in parameters if p.requires_grad], bucket_elements)
+        self.buckets = self._make_buckets(params, bucket_elements)
         self.queue: deque[InFlight] = deque()
         self.skipped_steps = 0
         self.applied_steps = 0

@@ -85,8 +85,9 @@ def validate(config: Config, source: str = "config") -> None:
         "spot.poll_seconds": config.spot.poll_seconds,
         "spot.time_scale": config.spot.time_scale,
         "notices.poll_seconds": config.notices.poll_seconds,
-        "exchange.bucket_elements": config.exchange.bucket_elements,
     }
+    if config.exchange.bucket_elements is not None:  # null: chosen by the staleness
+        positive["exchange.bucket_elements"] = config.exchange.bucket_elements
     for key, value in positive.items():
         if value <= 0:
             fail(key, f"is {value}; it must be greater than 0.")
