@@ -367,6 +367,7 @@ def test_a_stale_job_warms_up_synchronously_then_lowers_its_momentum(job):
     assert momentum[10] == momentum[20] == 0.9, momentum
     assert momentum[30] == momentum[60] == pytest.approx(0.9 - 2 / 3), momentum
     assert "drained 2 step(s) of gradients in flight" in done.stderr  # stale at the end
+    assert "gradient exchange: codec fp16, staleness 2, 1 bucket(s) of " in done.stderr  # stale: one bucket
     assert j.summary()["steps"] == 60
 
 

@@ -213,6 +213,9 @@ def train(config: Config, record=None) -> None:
                                    bucket_elements=ex.bucket_elements,
                                    compress_from_step=int(ex.compress_after * config.train.steps),
                                    stale_from_step=staleness_rule.stale_from_step)
+        if hvd.rank() == 0:  # the bucket size follows the staleness unless the config sets it
+            log.info("gradient exchange: codec %s, staleness %d, %d bucket(s) of %s elements", ex.codec,
+                     ex.staleness, len(stepper.buckets), ", ".join(f"{b.grad.numel():,}" for b in stepper.buckets))
     train_set = TensorDataset(data.train_x, data.train_y)
     sampler = ShardSampler(train_set, shuffle=True, seed=config.train.seed)
     policy = CommitPolicy(config.train.commit_every, config.train.checkpoint_every, config.train.steps)
