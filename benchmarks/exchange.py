@@ -60,9 +60,11 @@ UNSHAPED_COST = 0.10
 
 
 def run_exchange(record, out: str, bandwidth: str, codec: str, staleness: int, steps: int,
-                 step_seconds: float, seed: int, bucket_elements: int) -> tuple[float, ...]:
+                 step_seconds: float, seed: int, bucket_elements: int, timeline: bool = False) -> tuple[float, ...]:
     """One job: (steps/s, final test accuracy, rank 0's CPU ms per step, rank 0's ms per step
-    waiting for the exchange and the commit vote, the machine's busy share)."""
+    waiting for the exchange and the commit vote, the machine's busy share). With `timeline`,
+    rank 0 writes Horovod's timeline to timeline.json in the job's directory
+    (benchmarks/horovod_timeline.py reads it)."""
     exchange = {"codec": codec, "staleness": staleness, "compress_after": 0.0, "bucket_elements": bucket_elements}
     link = bandwidth.replace("/", "-q")  # 25mbit/400ms: a rate and tbf's queue
     with job_directory(out, f"exchange-{link}-{codec}-s{staleness}") as directory:
@@ -71,7 +73,8 @@ def run_exchange(record, out: str, bandwidth: str, codec: str, staleness: int, s
                             cluster={"min_np": len(record.layout.hosts), "max_np": len(record.layout.hosts)})
         job = Rehearsal(record, directory, "exchange", config)
         with MachineLoad() as load:
-            run_to_end(job, job.cloud_hosts(), job_env(step_seconds), timeout=max(1800, steps * 3))
+            extra = {"HOROVOD_TIMELINE": str((directory / "timeline.json").resolve())} if timeline else {}
+            run_to_end(job, job.cloud_hosts(), job_env(step_seconds, **extra), timeout=max(1800, steps * 3))
         waited = sum(ms_per_step(job, key, MEASURED_FROM_STEP) for key in ("exchange_wait_s", "vote_wait_s"))
         return (steps_per_second(job, MEASURED_FROM_STEP), job.summary()["test_accuracy"],
                 cpu_ms_per_step(job, MEASURED_FROM_STEP), waited, busy_share(job, load, MEASURED_FROM_STEP))
@@ -84,7 +87,7 @@ def measure(args) -> dict:
         with testbed("tvdxchg", args.hosts, "" if bandwidth == UNSHAPED else bandwidth, args.congestion) as record:
             for codec, staleness in args.exchanges:
                 row = run_exchange(record, args.out, bandwidth, codec, staleness, args.steps, args.step_seconds,
-                                   args.seed, args.bucket_elements)
+                                   args.seed, args.bucket_elements, args.timeline)
                 results[(bandwidth, codec, staleness)] = row
                 rate, accuracy, cpu_ms, wait_ms, busy = row
                 print(f"{bandwidth} {codec} s={staleness}: {rate:.2f} steps/s, accuracy {100 * accuracy:.2f} %, "
@@ -214,6 +217,10 @@ def main() -> None:
                              "buckets); default: the product's, by staleness (at 0 ResNet-32 in 3 buckets, "
                              "when stale in one, started when backward ends)")
     parser.add_argument("--out", default="runs/exchange-bench", help="keep each job's directory here ('' to not)")
+    parser.add_argument("--timeline", action="store_true",
+                        help="rank 0 of each job writes Horovod's timeline into the job's directory under --out "
+                             "(read it with benchmarks/horovod_timeline.py); it slows the jobs, so compare steps/s "
+                             "only between runs without it")
     parser.add_argument("--exchanges", default=",".join(f"{c}:{s}" for c, s in EXCHANGES),
                         help="codec:staleness pairs, comma-separated (the goals need all six)")
     args = parser.parse_args()
@@ -221,6 +228,8 @@ def main() -> None:
         args.exchanges = [(c, int(s)) for c, s in (pair.split(":") for pair in args.exchanges.split(","))]
     except ValueError:
         parser.error(f"--exchanges is {args.exchanges!r}; give codec:staleness pairs such as int8:2,none:0")
+    if args.timeline and not args.out:
+        parser.error("--timeline writes into each job's directory; give --out a directory")
     if args.steps < MEASURED_FROM_STEP + 100:
         parser.error(f"--steps is {args.steps}; steps/s are measured from step {MEASURED_FROM_STEP}, so give at "
                      f"least {MEASURED_FROM_STEP + 100}")

@@ -58,9 +58,10 @@ log = logging.getLogger(__name__)
 # 25mbit/400ms, ResNet-32 (464,154 parameters), fp16 at s = 0: 1.80 and 1.82 steps/s in 3
 # buckets, against 1.58 and 1.59 in one and 1.85 and 1.80 in 6 (benchmarks/RESULTS.md,
 # "Buckets started during backward"). A count, not a size, since every bucket costs the same
-# CPU on every rank whatever its size: four calls to the kernels, two alltoalls (in Horovod,
-# each a negotiation and two collectives), their polls. A bucket holds at least BUCKET_ELEMENTS
-# (512 KB of fp32), so that a small model's compresses (MIN_COMPRESS_ELEMENTS).
+# CPU on every rank whatever its size: about 2 ms a step on 4 ranks sharing 2 cores, 1.0-1.4
+# in the training thread (four calls to the kernels, packing, starting two alltoalls, polls)
+# and about 1 in Horovod's and Gloo's threads (benchmarks/codec_cpu.py). A bucket holds at
+# least BUCKET_ELEMENTS (512 KB of fp32), so that a small model's compresses (MIN_COMPRESS_ELEMENTS).
 # While stale (s >= 1) a step's exchange has s more steps to finish in, so starting it during
 # backward hides little and the gradient goes in one bucket. 4 ranks on 2 cores
 # (benchmarks/codec_cpu.py, s = 2): fp16, bf16 and int8 cost 18.0, 15.1 and 19.2 % of a step
