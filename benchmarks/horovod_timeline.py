@@ -7,11 +7,11 @@ Horovod runs one collective at a time per rank, in its background thread, each o
 rank has asked for it (the negotiation). On a link that a step's bytes nearly fill, the time
 that thread spends *between* collectives is what staleness cannot hide. This prints, over the
 second half of the timeline (past start-up and the synchronous warm-up):
-- each kind of op (the last part of its name: shards, owners, the commit vote): how many,
+- each kind of op (shards, owners, sum, the commit vote, other): how many,
   its mean time executing on rank 0, and its share of the wall time;
 - the idle gaps between one op and the next, by the kinds on either side, and when the next
-  op's negotiation began relative to the end of the one before (negative: it was already
-  waiting for a slower rank; near zero or positive: no rank had asked for it yet).
+  op's negotiation began in rank 0's timeline, relative to the end of the op before
+  (negative: it was already being negotiated while that op ran).
 HOROVOD_TIMELINE writes the file on rank 0 only; writing it costs time, so compare steps/s
 only between jobs run without it.
 """
@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 
 EXECUTED = ("ALLTOALL", "ALLREDUCE", "ALLGATHER", "BROADCAST")
+EXCHANGE_PHASES = ("shards", "owners", "sum")  # codecs/scatter_reduce.py's two alltoalls, fp32.py's allreduce
 
 
 def load_spans(path: Path) -> list[tuple[str, str, int, int]]:
@@ -40,9 +41,6 @@ def load_spans(path: Path) -> list[tuple[str, str, int, int]]:
             activity, start = open_spans[event["pid"]].pop()
             spans.append((names.get(event["pid"], "?"), activity, start, event["ts"]))
     return sorted(spans, key=lambda span: span[2])
-
-
-EXCHANGE_PHASES = ("shards", "owners", "sum")  # codecs/scatter_reduce.py's two alltoalls, fp32.py's allreduce
 
 
 def kind(tensor: str) -> str:
