@@ -27,9 +27,9 @@ beside the job, as a loaded machine's other work would be.
   worker at all (without it a vanish hangs the job: issue 10).
 - notices: the tiny job on 4 shaped hosts, discovery from a replayed trace whose first notice
   comes after the job, with notices on (a watcher on every worker) and off (`spot.notices:
-  false`: no watcher), alternating, `--repeat` times each. Goal: on within 2 % of off. (Every
-  step votes either way, since the vote also carries host updates; it was measured with the
-  vote on one side only, at 0.991: see the README.)
+  false`: no watcher), alternating, `--repeat` times each. Goal: on within 2 % of off. (The
+  ring votes either way, since the vote also carries host updates; it was measured with the
+  vote on one side only, at 0.991, when it voted every step: see the README.)
 
 steps/s leave out start-up: they are (last step - step 50) over the time between the two
 metrics rows. Job directories are kept under --out (log, events, metrics).

@@ -2,19 +2,26 @@
 
     horovodrun -np 2 -H localhost:2 --gloo python tests/step_probe.py evaluate
     horovodrun -np 2 -H localhost:2 --gloo python tests/step_probe.py vote
+    horovodrun -np 2 -H localhost:2 --gloo python tests/step_probe.py vote_cadence
 
 evaluate: every rank holds the same parameters but its own BatchNorm running statistics (as
 after training, where only gradients are averaged); the sharded `evaluate` must score exactly
 what one process scores over the whole test split with rank 0's model.
 
-vote: the last rank sees a notice at step 5 and rank 0 has a host update pending at step 7;
-every rank must hear of each, and only of it, one step later, and a reset in between (the
-handle dropped, as Horovod's reset callbacks do) must not leave a stale answer behind.
+vote: voting every step, the last rank sees a notice at step 5 and rank 0 has a host update
+pending at step 7; every rank must hear of each, and only of it, one step later, and a reset
+in between (the handle dropped, as Horovod's reset callbacks do) must not leave a stale answer
+behind.
+
+vote_cadence: votes about every half second, steps of 20 ms: which steps vote, and what each
+step heard, on every rank; the last rank sees a notice from step 30 on (it stays set, as the
+watcher's does).
 """
 from __future__ import annotations
 
 import json
 import sys
+import time
 import zlib
 
 import torch
@@ -58,30 +65,48 @@ def check_evaluate() -> dict:
     return row
 
 
+def as_pairs(votes) -> list:
+    return [[v.notice, v.hosts_update] for v in votes]
+
+
 def check_vote() -> dict:
-    vote = CommitVote()
+    vote = CommitVote(interval_seconds=0)  # every step
     vote.begin(0)
     last = hvd.size() - 1
     # The last rank sees a notice at step 5; rank 0 has a host update pending at step 7.
-    answers = [vote.exchange(hvd.rank() == last and step == 5, hvd.rank() == 0 and step == 7)
+    answers = [vote.exchange(step, hvd.rank() == last and step == 5, hvd.rank() == 0 and step == 7)
                for step in range(1, 11)]
     vote.finish()
     # A vote in flight when the job resets is dropped, not read on the new ring. (A real
     # reset shuts Horovod down, which ends the dropped op; here it completes unread, and the
     # new ring's name, from its first step, keeps the next votes apart from it.)
-    vote.exchange(True, True)
+    vote.exchange(11, True, True)
     vote.reset()
     vote.begin(21)
-    after_reset = [vote.exchange(False, False) for step in (21, 22)]
+    after_reset = [vote.exchange(step, False, False) for step in (22, 23)]
     vote.finish()
-    as_pairs = lambda votes: [[v.notice, v.hosts_update] for v in votes]  # noqa: E731
     return {"rank": hvd.rank(), "answers": as_pairs(answers), "after_reset": as_pairs(after_reset)}
+
+
+def check_vote_cadence() -> dict:
+    vote = CommitVote(interval_seconds=0.5)
+    vote.begin(0)
+    last = hvd.size() - 1
+    answers, voted = [], []
+    for step in range(1, 61):
+        time.sleep(0.02)  # the step's compute
+        before = vote.votes
+        answers.append(vote.exchange(step, hvd.rank() == last and step >= 30, False))
+        if vote.votes > before:
+            voted.append(step)
+    vote.finish()
+    return {"rank": hvd.rank(), "answers": as_pairs(answers), "voted": voted}
 
 
 def main() -> None:
     hvd.init()
     torch.set_num_threads(1)
-    check = {"evaluate": check_evaluate, "vote": check_vote}[sys.argv[1]]
+    check = {"evaluate": check_evaluate, "vote": check_vote, "vote_cadence": check_vote_cadence}[sys.argv[1]]
     print(json.dumps(check()), flush=True)
 
 

@@ -1,5 +1,5 @@
 """The worker's step path (transientvod/train.py): sharded evaluation, the background
-checkpoint in a job, the one-step-late notice vote. Real Horovod: single-process `hvd.init()`
+checkpoint in a job, the notice vote and how often it is asked. Real Horovod: single-process `hvd.init()`
 for the pieces, `horovodrun` (Gloo) for what needs two ranks."""
 from __future__ import annotations
 
@@ -81,6 +81,33 @@ def test_a_commit_wanted_by_one_rank_is_heard_by_every_rank_one_step_later():
         expected = [[step == 6, step == 8] for step in range(1, 11)]
         assert row["answers"] == expected, row
         assert row["after_reset"] == [[False, False], [False, False]], row
+
+
+@pytest.mark.slow
+def test_votes_about_every_half_second_on_every_rank_alike_and_every_step_after_a_notice():
+    from transientvod.elastic import VOTE_STEPS_MAX
+
+    rows = run_probe("step_probe.py", 2, "vote_cadence")
+    assert len(rows) == 2
+    # Every rank votes at the same steps and hears the same answers: the cadence travels in
+    # the votes themselves (rank 0's proposal), so no rank can ask alone.
+    assert rows[0]["voted"] == rows[1]["voted"] and rows[0]["answers"] == rows[1]["answers"], rows
+    voted, answers = rows[0]["voted"], rows[0]["answers"]
+    # The ring's first two steps vote (before rank 0 has a step time); then, at 20 ms a step,
+    # half a second is more than VOTE_STEPS_MAX steps: every VOTE_STEPS_MAX-th step until the
+    # notice.
+    heard = next(step for step, (notice, _) in enumerate(answers, start=1) if notice)
+    before_notice = [step for step in voted if step < heard - 1]
+    assert before_notice[:2] == [1, 2], voted
+    assert all(b - a == VOTE_STEPS_MAX for a, b in zip(before_notice[1:], before_notice[2:])), voted
+    # The notice, set from step 30 on, travels in the first vote from step 30 and is heard one
+    # step later, within VOTE_STEPS_MAX steps of step 30 ...
+    assert heard - 1 in voted and 30 <= heard - 1 < 30 + VOTE_STEPS_MAX, (heard, voted)
+    assert not any(notice for notice, _ in answers[:heard - 1]), answers
+    # ... and from then on every step votes and hears it (the job commits every step until
+    # the noticed host has left).
+    assert voted[voted.index(heard - 1):] == list(range(heard - 1, 61)), voted
+    assert all(notice for notice, _ in answers[heard - 1:]), answers
 
 
 def test_more_slots_than_gpus_is_one_sentence_before_nccl_refuses(monkeypatch):

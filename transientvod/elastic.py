@@ -235,64 +235,102 @@ class CommitPolicy:
         return CommitDecision(commit, durable, first_notice)
 
 
+# Rank 0 spaces the commit votes about this far apart (CommitVote): a notice or a host update
+# then reaches every rank within this plus two steps. One vote a step is one more collective
+# a step in Horovod's single background thread, which runs a step's collectives one at a time;
+# ask less often and the exchange's own ops follow each other more closely. A notice comes
+# 30 s (GCE) to 2 min (AWS) before the kill, so half a second of it is cheap. At most
+# VOTE_STEPS_MAX steps apart, so that a job whose steps suddenly slow down (a straggler, a
+# congested link) still hears of a notice within that many of its slow steps.
+VOTE_SECONDS = 0.5
+VOTE_STEPS_MAX = 8
+
+
 class CommitVote:
-    """"Does any rank want a commit, and why?", asked at step k and answered at step k + 1.
+    """"Does any rank want a commit, and why?", asked about every VOTE_SECONDS and answered
+    at the next step.
 
     A notice seen by one rank (or a host update, which Horovod tells rank 0 alone) must make
     every rank commit at the same step, since a commit is a collective. A blocking allreduce
-    every step cost one round trip per step on the ring; instead step k's two flags (notice,
-    host update) travel in an async allreduce (max) while step k + 1 computes, and step k + 1
-    reads them as a `Vote`. It runs with notices off too (the notice flag is then always
-    clear), so that a host joins or leaves a step after Horovod tells rank 0, not at the next
-    commit_every. On 4 namespaced hosts at 100 Mbit, watcher and vote together cost 0.991 of
-    the steps/s without either (benchmarks/testbed.py notices, medians of 3). So a rank learns of a notice at most one step later, and since
-    every rank reads the same op at the same step, all of them commit together. A notice
-    stays set, so after one the job commits every step until the noticed host has left:
-    whether Horovod removes it gracefully or the cloud kills it first, nothing is lost.
+    cost one round trip on the ring each time; instead the flags (notice, host update) travel
+    in an async allreduce (max) while the next step computes, and that step reads them as a
+    `Vote`. It runs with notices off too (the notice flag is then always clear), so that a host
+    joins or leaves soon after Horovod tells rank 0, not at the next commit_every.
+
+    Which steps vote is decided by the votes themselves, so that every rank agrees: each vote
+    also carries rank 0's proposal for the next voting step (the others send 0, and max takes
+    rank 0's), from rank 0's own step time, so that votes are about `interval_seconds` apart
+    but never more than VOTE_STEPS_MAX steps. A ring's first two steps vote (rank 0 has no
+    step time before them), and so does every step with an interval of 0. Every rank reads
+    the same answer at the same step, so all of them vote, and commit, together. After an answer with a notice or a host update, the ring votes every step again:
+    a notice stays set, so the job then commits every step until the noticed host has left,
+    and whether Horovod removes it gracefully or the cloud kills it first, nothing is lost.
 
     The op in flight belongs to the ring it was started on: after an elastic reset
     (HorovodInternalError or HostsUpdatedInterrupt) Horovod has shut that ring down, so
-    `reset` (a reset callback) drops the handle, and the first step after the reset asks
-    afresh on every rank (a new worker starts with none, like the rest).
+    `reset` (a reset callback) drops the handle, and `begin` makes the ring's first step vote
+    on every rank (a new worker starts with none, like the rest).
     """
 
-    __slots__ = ("_in_flight", "_name", "waited_seconds")
+    __slots__ = ("_in_flight", "_name", "_next_step", "_asked", "interval_seconds", "waited_seconds", "votes")
 
-    def __init__(self):
-        self._in_flight = None
+    def __init__(self, interval_seconds: float = VOTE_SECONDS):
+        self.interval_seconds = interval_seconds
+        self._in_flight = None  # (step it was asked at, handle)
         self._name = "transientvod.commit_vote"
-        self.waited_seconds = 0.0  # for last step's answer: ops queued ahead of it in Horovod delay it
+        self._next_step = 0  # the next step that votes
+        self._asked = None  # rank 0: (step, time) of the last vote it started, for its step time
+        self.waited_seconds = 0.0  # for the answers: ops queued ahead of a vote in Horovod delay it
+        self.votes = 0  # started on this process, for the logs and tests
 
     def reset(self) -> None:
         self._in_flight = None
+        self._asked = None
 
     def begin(self, ring_step: int) -> None:
         """Call where every rank starts on a (re)formed ring, with the step all of them hold.
 
         One name for the whole life of a ring, so that Horovod's response cache can know the
-        op from the second step on. (With a new name every step, notices on cost 13 ms a
+        op from the second vote on. (With a new name every step, notices on cost 13 ms a
         step on loopback; how much of that one name saves is not measured yet.) The ring's
         first step is in the name, equal on every rank, new or old, after the sync; a vote
         dropped by a reset can never share a name with one on the next ring."""
         self.reset()
         self._name = f"transientvod.commit_vote.{ring_step}"
+        self._next_step = ring_step
 
-    def exchange(self, notice: bool, hosts_update: bool) -> Vote:
-        """Send this rank's flags; return what the ranks asked for at the step before (nothing
-        on the first step after a start or a reset). At most one vote is in flight."""
+    def exchange(self, step: int, notice: bool, hosts_update: bool) -> Vote:
+        """At `step` (equal on every rank): return the answer to the vote in flight, if any
+        (nothing on the first step after a start or a reset), and send this rank's flags if
+        `step` is a voting step. At most one vote is in flight."""
         answer = self.finish()
-        flags = torch.tensor([int(notice), int(hosts_update)])
-        self._in_flight = hvd.allreduce_async(flags, op=hvd.Max, name=self._name)
+        if step >= self._next_step:
+            flags = torch.tensor([int(notice), int(hosts_update), self._propose(step)])
+            self._in_flight = step, hvd.allreduce_async(flags, op=hvd.Max, name=self._name)
+            self.votes += 1
         return answer
+
+    def _propose(self, step: int) -> int:
+        """Rank 0's proposal for the step after `step` that votes next; 0 from the others."""
+        if hvd.rank() != 0:
+            return 0
+        now = time.monotonic()
+        asked, self._asked = self._asked, (step, now)
+        if asked is None or self.interval_seconds <= 0:
+            return step + 1
+        step_seconds = (now - asked[1]) / max(1, step - asked[0])
+        return step + min(VOTE_STEPS_MAX, max(1, round(self.interval_seconds / max(step_seconds, 1e-6))))
 
     def finish(self) -> Vote:
         """Wait for the vote in flight, if any, and return its answer."""
         if self._in_flight is None:
             return NO_VOTE
-        handle, self._in_flight = self._in_flight, None
+        (asked_at, handle), self._in_flight = self._in_flight, None
         began = time.perf_counter()
-        notice, hosts_update = wait([handle])[0].tolist()
+        notice, hosts_update, next_step = wait([handle])[0].tolist()
         self.waited_seconds += time.perf_counter() - began
+        # Every rank reads this same answer: the next voting step is the same on all of them.
+        self._next_step = asked_at + 1 if notice or hosts_update else next_step
         return Vote(notice=bool(notice), hosts_update=bool(hosts_update))
 
 

@@ -19,8 +19,8 @@ launcher's disk through its channel, job_channel.py, when the hosts share no dis
 
 Nothing on the step path waits for one rank alone: every rank evaluates its slice of the
 test split (one allreduce of the counts); rank 0 only snapshots the state for a durable
-checkpoint, and a thread writes it (checkpoint_writer.py); the commit vote is an async
-allreduce read one step later (`elastic.CommitVote`).
+checkpoint, and a thread writes it (checkpoint_writer.py); the commit vote, about every
+half second, is an async allreduce read one step later (`elastic.CommitVote`).
 """
 from __future__ import annotations
 
@@ -293,6 +293,7 @@ def train(config: Config, record=None) -> None:
                            # for the commit vote: the communication that compute did not hide.
                            "exchange_wait_s": round(stepper.waited_seconds, 3),
                            "vote_wait_s": round(commit_vote.waited_seconds, 3),
+                           "votes": commit_vote.votes,  # started so far by this process
                            "time": time.time()}
                     books.on_log(state, row)
                     record.append("metrics.jsonl", row)
@@ -306,10 +307,11 @@ def train(config: Config, record=None) -> None:
                         books.on_eval(state, row)
                         record.append("metrics.jsonl", row)
 
-                # One vote per step, answered one step later, with notices on or off: Horovod tells
-                # rank 0 alone of a host update, and every rank must commit at the same step.
+                # A vote about every half second, answered one step later, with notices on or off:
+                # Horovod tells rank 0 alone of a host update, and every rank must commit at the
+                # same step.
                 noticed = watcher is not None and watcher.event.is_set()
-                vote = commit_vote.exchange(noticed, state.hosts_update_pending)
+                vote = commit_vote.exchange(state.step, noticed, state.hosts_update_pending)
                 decision = state.policy.decide(state.step, vote)
                 if decision.first_notice and hvd.rank() == 0:
                     log.info("interruption notice in the job at step %d: checkpointing now and "
@@ -329,7 +331,7 @@ def train(config: Config, record=None) -> None:
                 # The epoch ran out (on every rank at once: shards have equal length).
                 state.epoch += 1
                 state.sampler.set_epoch(state.epoch)
-        commit_vote.finish()  # every rank has the last step's vote in flight: no op outlives the loop
+        commit_vote.finish()  # every rank has the same vote in flight, or none: no op outlives the loop
         # The final accuracy, by every rank, inside the elastic run: a peer lost here rolls
         # back to the last commit (the last step) and the survivors evaluate again.
         return evaluate(state.model, data, device)
