@@ -94,12 +94,15 @@ def test_votes_about_every_half_second_on_every_rank_alike_and_every_step_after_
     assert rows[0]["voted"] == rows[1]["voted"] and rows[0]["answers"] == rows[1]["answers"], rows
     voted, answers = rows[0]["voted"], rows[0]["answers"]
     # The ring's first two steps vote (before rank 0 has a step time); then, at 20 ms a step,
-    # half a second is more than VOTE_STEPS_MAX steps: every VOTE_STEPS_MAX-th step until the
-    # notice.
+    # half a second is more than VOTE_STEPS_MAX steps, so the votes come VOTE_STEPS_MAX steps
+    # apart (here 1, 2, 10, 18, 26). A slow step (the first allreduce's negotiation, a busy
+    # machine) shortens a gap, so the test asserts the cap and far fewer votes than steps:
+    # a ring voting every step would vote 29 times before the notice.
     heard = next(step for step, (notice, _) in enumerate(answers, start=1) if notice)
     before_notice = [step for step in voted if step < heard - 1]
     assert before_notice[:2] == [1, 2], voted
-    assert all(b - a == VOTE_STEPS_MAX for a, b in zip(before_notice[1:], before_notice[2:])), voted
+    assert all(b - a <= VOTE_STEPS_MAX for a, b in zip(before_notice, before_notice[1:])), voted
+    assert len(before_notice) <= 10, voted
     # The notice, set from step 30 on, travels in the first vote from step 30 and is heard one
     # step later, within VOTE_STEPS_MAX steps of step 30 ...
     assert heard - 1 in voted and 30 <= heard - 1 < 30 + VOTE_STEPS_MAX, (heard, voted)
