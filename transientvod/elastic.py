@@ -262,9 +262,10 @@ class CommitVote:
     rank 0's), from rank 0's own step time, so that votes are about `interval_seconds` apart
     but never more than VOTE_STEPS_MAX steps. A ring's first two steps vote (rank 0 has no
     step time before them), and so does every step with an interval of 0. Every rank reads
-    the same answer at the same step, so all of them vote, and commit, together. After an answer with a notice or a host update, the ring votes every step again:
-    a notice stays set, so the job then commits every step until the noticed host has left,
-    and whether Horovod removes it gracefully or the cloud kills it first, nothing is lost.
+    the same answer at the same step, so all of them vote, and commit, together. After an
+    answer with a notice or a host update, the ring votes every step again: a notice stays
+    set, so the job then commits every step until the noticed host has left, and whether
+    Horovod removes it gracefully or the cloud kills it first, nothing is lost.
 
     The op in flight belongs to the ring it was started on: after an elastic reset
     (HorovodInternalError or HostsUpdatedInterrupt) Horovod has shut that ring down, so
