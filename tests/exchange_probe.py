@@ -21,6 +21,7 @@ import torch
 
 import horovod.torch as hvd
 
+from transientvod.bucket_tuning import BucketTuner, cuts
 from transientvod.exchange import GradientExchange, SynchronousStep
 
 CODECS = ("none", "fp16", "bf16", "int8")
@@ -153,7 +154,7 @@ def backward_starts(codec: str) -> list[dict]:
     return found
 
 
-def owner_residual(steps: int = 200) -> list[dict]:
+def owner_residual(steps: int = 200, recut_every: int = 0) -> list[dict]:
     """A small steady gradient under large steady ones: how much of it arrives, per codec?
 
     Part A: in each int8 block one element is 1.0 and the rest get the small g_r; part B:
@@ -161,7 +162,12 @@ def owner_residual(steps: int = 200) -> list[dict]:
     the codec's quantum near 1.0), so the owner's average is rarely representable, and its
     rounding never averages out; the same two parts again with noise (std of two quanta),
     which does average it out. The three codecs' exchanges step together, so their ops share
-    Horovod's cycles (200 steps on 4 ranks stay within seconds on two cores)."""
+    Horovod's cycles (200 steps on 4 ranks stay within seconds on two cores).
+
+    With `recut_every`, the four parts are four parameters, and every that many steps the
+    exchange drains and is cut afresh (rebucket), in turns into one bucket per part and one
+    for all: the residuals must follow their elements into the new buckets, owners' included
+    (dropped at each of 10 cuts, up to a quantum of the 25 to deliver is lost each time)."""
     world, rank = hvd.size(), hvd.rank()
     part = 16 * BLOCK  # whole int8 blocks, at least one per owner
     parts = {"steady_a": 0, "steady_b": 1, "noisy_a": 2, "noisy_b": 3}
@@ -175,22 +181,33 @@ def owner_residual(steps: int = 200) -> list[dict]:
                 base[k * part:(k + 1) * part:BLOCK] = 1.0  # one large element per block
             else:
                 base[k * part:(k + 1) * part] += 1.0  # large + small in every element
-        param, exchange = one_param_exchange(4 * part, codec, staleness=4, block=BLOCK, name=codec)
-        runs[codec] = (g, base.to(DEVICE), param, exchange)
+        count = len(parts) if recut_every else 1
+        params = [torch.nn.Parameter(torch.zeros(4 * part // count, device=DEVICE)) for _ in range(count)]
+        exchange = GradientExchange(torch.optim.SGD(params, lr=1.0), params, staleness=4, codec=codec,
+                                    min_compress_elements=0, block=BLOCK, bucket_elements=part,
+                                    name=f"{codec}.{recut_every}")
+        runs[codec] = (g, base.to(DEVICE), params, exchange)
     noise = torch.Generator().manual_seed(1000 + rank)
     for step in range(steps):
-        for codec, (g, base, param, exchange) in runs.items():
+        if recut_every and step and step % recut_every == 0:
+            for _, _, _, exchange in runs.values():
+                exchange.drain()
+                exchange.rebucket(part if step // recut_every % 2 == 0 else 4 * part)
+        for codec, (g, base, params, exchange) in runs.items():
             exchange.zero_grad()
-            param.grad.copy_(base)
-            param.grad[2 * part:].add_((torch.randn(2 * part, generator=noise) * 2 * QUANTUM[codec]).to(DEVICE))
+            grad = base.clone()
+            grad[2 * part:].add_((torch.randn(2 * part, generator=noise) * 2 * QUANTUM[codec]).to(DEVICE))
+            for param, piece in zip(params, grad.split([p.numel() for p in params])):
+                param.grad.copy_(piece)
             exchange.step(step)
     rows = []
     small = torch.ones(part, dtype=torch.bool)
     small[::BLOCK] = False
-    for codec, (g, base, param, exchange) in runs.items():
+    for codec, (g, base, params, exchange) in runs.items():
         exchange.drain()
-        delivered = -param.detach().cpu().double()
-        row = {"codec": codec, "applied": exchange.applied_steps, "steps": steps}
+        delivered = -torch.cat([p.detach().cpu().double() for p in params])
+        row = {"codec": codec, "applied": exchange.applied_steps, "steps": steps, "recut_every": recut_every,
+               "buckets": len(exchange.buckets)}
         for name, k in parts.items():
             values = delivered[k * part:(k + 1) * part]
             row[name] = (values[small].mean().item() if name.endswith("_a")
@@ -288,6 +305,77 @@ def drain_count(codec: str, staleness: int = 2, steps: int = 8, reset_at: int = 
     return {"codec": codec, "counts": counts, "drained": drained, "applied": exchange.applied_steps}
 
 
+def recut_delivery(codec: str) -> dict:
+    """One step of a gradient whose rounding leaves residuals at the senders and at the owners,
+    then a drain and a cut into one bucket instead of two, then 3 steps of zero gradient: they
+    must deliver what the residuals held, so that the parameters end at minus the mean of the
+    ranks' gradients. Rank r sends, beside a part under half a quantum (the sender's residual),
+    r quanta (fp16, bf16: 1 + r ulps) or r % 2 (int8: beside one 1.0 per block), so that the
+    owner's average falls halfway between two codes (its residual): dropped at the cut, either
+    leaves the parameters an eighth to a half of a quantum short."""
+    world, rank = hvd.size(), hvd.rank()
+    part = 4 * BLOCK * world  # whole int8 blocks for every owner in each bucket
+    params = [torch.nn.Parameter(torch.zeros(part, device=DEVICE)) for _ in range(2)]
+    exchange = GradientExchange(torch.optim.SGD(params, lr=1.0), params, staleness=0, codec=codec,
+                                min_compress_elements=0, block=BLOCK, bucket_elements=part,
+                                name=f"recut_delivery.{codec}")
+
+    def gradient(r: int) -> torch.Tensor:
+        quantum = QUANTUM[codec]
+        small = quantum * (2 * r + 1) / (8 * world)  # under half a quantum on every rank
+        if codec == "int8":
+            grad = torch.full((2 * part,), (r % 2) * quantum + small)
+            grad[::BLOCK] = 1.0  # the block's scale: 1/127, the quantum
+        else:
+            grad = torch.full((2 * part,), 1.0 + r * quantum + small)
+        return grad
+
+    buckets = [len(exchange.buckets)]
+    for step in range(4):
+        exchange.zero_grad()
+        grad = gradient(rank) if step == 0 else torch.zeros(2 * part)
+        for param, piece in zip(params, grad.to(DEVICE).split(part)):
+            param.grad.copy_(piece)
+        exchange.step(step)
+        if step == 0:
+            exchange.drain()
+            exchange.rebucket(2 * part)
+            buckets.append(len(exchange.buckets))
+    delivered = -torch.cat([p.detach().cpu().double() for p in params])
+    expected = torch.stack([gradient(r).double() for r in range(world)]).mean(0)
+    return {"codec": codec, "buckets": buckets, "error": (delivered - expected).abs().max().item(),
+            "quantum": QUANTUM[codec]}
+
+
+def bucket_tuning(slow_cut: int, steps: int = 64) -> dict:
+    """A BucketTuner on fp16 at staleness 2, six parameters of 100,000 elements (one bucket by
+    default, 3 the other cut), every gradient 1.0: rank 0 sleeps 60 ms in each step it runs in
+    `slow_cut` buckets, so the other cut must be kept, on both ranks. Which cut each step ran
+    in, and the parameters: every step's gradient applied exactly once through the switches'
+    drains (-steps in every element)."""
+    params = [torch.nn.Parameter(torch.zeros(100_000, device=DEVICE)) for _ in range(6)]
+    exchange = GradientExchange(torch.optim.SGD(params, lr=1.0), params, staleness=2, codec="fp16",
+                                name=f"tuning.{slow_cut}")
+    tuner = BucketTuner(exchange, cuts(params, 2), tune_from_step=0, total_steps=steps)
+    tuner.begin(0)
+    ran_in = []
+    for step in range(steps):
+        ran_in.append(len(exchange.buckets))
+        tuner.before_step()
+        exchange.zero_grad()
+        for param in params:
+            param.grad.fill_(1.0)
+        if hvd.rank() == 0 and len(exchange.buckets) == slow_cut:
+            time.sleep(0.06)
+        exchange.step(step)
+        tuner.after_step(step + 1)
+    exchange.drain()
+    values = torch.cat([p.detach().cpu() for p in params])
+    return {"slow_cut": slow_cut, "ran_in": ran_in, "chosen_buckets": len(exchange.buckets), "chosen": tuner.chosen,
+            "seconds": tuner.seconds, "sizes": tuner.sizes, "turn_steps": tuner.turn_steps,
+            "param_range": [values.min().item(), values.max().item()], "applied": exchange.applied_steps}
+
+
 def lost_peer_reset(codec: str) -> dict:
     """reset() without a drain (a lost peer): every residual, owners' included, is zero after.
     A real lost peer shuts Horovod down, which ends the dropped ops; here they complete unread,
@@ -377,6 +465,8 @@ CHECKS = {
     "stale": lambda: [stale_sum(c, s, size) for c in CODECS for s in (0, 1, 2) for size in (4, 2 * BLOCK)],
     "stale_from": lambda: [stale_sum(c, 2, 2 * BLOCK, steps=8, stale_from_step=3) for c in CODECS],
     "owner_residual": owner_residual,
+    "recut_residual": lambda: owner_residual(recut_every=20),
+    "recut_delivery": lambda: [recut_delivery(c) for c in COMPRESSED],
     "backward_polls": lambda: [backward_polls(c) for c in COMPRESSED],
     "backward_starts": lambda: [row for c in CODECS for row in backward_starts(c)],
     "nan": lambda: [nan_skip(c) for c in CODECS],
@@ -384,6 +474,7 @@ CHECKS = {
     "switch": lambda: [compress_switch()],
     "drain": lambda: [drain_count(c) for c in CODECS],
     "lost_peer": lambda: [lost_peer_reset(c) for c in COMPRESSED],
+    "tuning": lambda: [bucket_tuning(1), bucket_tuning(3)],
     "bytes": lambda: [sent_bytes(c) for c in CODECS],
     "waited": lambda: [waited(c) for c in CODECS],
     "wire_bytes": lambda: [wire_bytes(c) for c in CODECS],  # on a testbed: one rank per host

@@ -6,6 +6,7 @@ tests read their rows from it, so a dozen properties cost three horovodrun start
 from __future__ import annotations
 
 import functools
+import re
 
 import pytest
 import torch
@@ -23,9 +24,9 @@ BOUNDS = {"none": 1e-6, "fp16": 2.0 ** -10, "bf16": 2.0 ** -8, "int8": 2.0 / 127
 PAYLOAD_BYTES = {"fp16": 2, "bf16": 2, "int8": 1}
 CHECKS_BY_WORLD = {
     2: ("bitident", "average", "stale", "stale_from", "nan", "buckets", "switch", "drain", "lost_peer", "bytes",
-        "backward_polls", "backward_starts", "waited"),
+        "backward_polls", "backward_starts", "waited", "tuning"),
     3: ("bitident_one_tensor", "average", "bytes"),
-    4: ("owner_residual", "bytes"),
+    4: ("owner_residual", "recut_residual", "recut_delivery", "bytes"),
 }
 
 
@@ -123,6 +124,50 @@ def test_a_small_steady_gradient_arrives_in_full_through_the_owners_residual(cod
         assert row["applied"] == row["steps"] == 200, row
         for part in ("steady_a", "steady_b", "noisy_a", "noisy_b"):
             assert row[part] == pytest.approx(1.0, abs=0.10), (part, row)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("codec", ("fp16", "bf16", "int8"))
+def test_the_residuals_follow_their_elements_when_the_buckets_are_cut_afresh(codec):
+    """The same 200 steps on 4 ranks as above, the four parts now four parameters, drained and
+    re-cut every 20 steps (one bucket each, then one for all, in turns): still within 10 %."""
+    for row in rows(4, "recut_residual"):
+        if row["codec"] != codec:
+            continue
+        assert row["applied"] == row["steps"] == 200 and row["recut_every"] == 20, row
+        assert row["buckets"] == 1, row  # the last cut, at step 180, was one bucket for all
+        for part in ("steady_a", "steady_b", "noisy_a", "noisy_b"):
+            assert row[part] == pytest.approx(1.0, abs=0.10), (part, row)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("codec", ("fp16", "bf16", "int8"))
+def test_what_the_residuals_held_at_a_cut_is_delivered_after_it(codec):
+    """On 4 ranks: one step whose rounding leaves residuals at senders and owners, a cut from 2
+    buckets to one, 3 steps of zero gradient: the parameters end at the ranks' mean gradient
+    within a thousandth of the codec's quantum (dropped residuals: an eighth to a half of one)."""
+    for row in rows(4, "recut_delivery"):
+        if row["codec"] == codec:
+            assert row["buckets"] == [2, 1], row
+            assert row["error"] <= row["quantum"] / 1000, row
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("slow_cut", [1, 3])
+def test_bucket_tuning_keeps_the_faster_cut_on_every_rank_and_applies_each_step_once(slow_cut):
+    """bucket_tuning.py at staleness 2: 3 steps, then turns A B B A of 14 steps (4 skipped, 10
+    timed), A the default (one bucket while stale) and B the other (3), then the faster cut."""
+    found = [row for row in rows(2, "tuning") if row["slow_cut"] == slow_cut]
+    assert len(found) == 2, found
+    kept = 3 if slow_cut == 1 else 1
+    for row in found:
+        assert row["turn_steps"] == 14, row
+        assert row["ran_in"] == [1] * 3 + [1] * 14 + [3] * 28 + [1] * 14 + [kept] * 5, row
+        assert row["chosen_buckets"] == kept and row["chosen"] == row["sizes"][0 if kept == 1 else 1], row
+        assert row["applied"] == 64 and row["param_range"] == [-64.0, -64.0], row
+    slow = 0 if slow_cut == 1 else 1  # where the slow cut is in `sizes` (A is one bucket)
+    rank0 = next(row for row in found if row["rank"] == 0)
+    assert rank0["seconds"][slow] > rank0["seconds"][1 - slow] + 0.03, rank0  # it slept 60 ms a step there
 
 
 @pytest.mark.slow
@@ -232,6 +277,32 @@ def test_the_default_buckets_follow_the_staleness():
     small = [40_000] * 6  # a third is 80K, under BUCKET_ELEMENTS: buckets of at least that
     assert cut(small, 0) == [160_000, 80_000] and cut(small, 2) == [240_000]
     assert cut(large, 2, bucket_elements=BUCKET_ELEMENTS) == [1_000_000] * 6
+
+
+def test_bucket_tuning_tries_the_default_cut_then_the_other_unless_they_cut_alike():
+    from transientvod.bucket_tuning import cuts
+
+    def params(*sizes):
+        return [torch.nn.Parameter(torch.zeros(n)) for n in sizes]
+
+    assert cuts(params(*[1_000_000] * 6), 0) == [2_000_000, 6_000_000]  # 3 buckets first at staleness 0, then one
+    assert cuts(params(*[1_000_000] * 6), 2) == [6_000_000, 2_000_000]  # one first while stale, then 3
+    assert cuts(params(40_000, 40_000), 0) == [131_072]  # under BUCKET_ELEMENTS: one bucket either way
+    assert cuts(params(100_000, 40_000), 0) == [131_072]  # the remainder joins the first: still one
+    assert cuts(params(100_000, 100_000), 2) == [200_000]  # 131,072 closes at both: one bucket too
+    assert cuts(params(150_000, 150_000), 2) == [300_000, 131_072]  # one bucket, or two
+
+
+def test_rebucket_refuses_while_steps_are_in_flight_and_keeps_a_cut_already_in_use():
+    params = [torch.nn.Parameter(torch.zeros(1000)) for _ in range(4)]
+    exchange = GradientExchange(torch.optim.SGD(params, lr=1.0), params, staleness=1, bucket_elements=1000)
+    assert len(exchange.buckets) == 4 and exchange.rebucket(1000) is False
+    exchange._starting = object()  # what backward leaves between its first bucket and step()
+    with pytest.raises(RuntimeError, match=r"rebucket\(\) with steps in flight; drain\(\) first"):
+        exchange.rebucket(4000)
+    exchange._starting = None
+    assert exchange.rebucket(4000) is True and len(exchange.buckets) == 1
+    assert all(p.grad.data_ptr() >= exchange.buckets[0].grad.data_ptr() for p in params)  # views of the new buffer
 
 
 def test_a_discarded_exchange_frees_its_codecs_while_the_model_lives():
@@ -385,3 +456,21 @@ def test_host_removed_while_stale_exchanges_are_in_flight(job, codec):
     assert "drained 2 step(s) of gradients in flight" in done.stderr
     assert "dropped" not in done.stderr
     assert summary["test_accuracy"] > 0.5  # it still learned
+
+
+@pytest.mark.slow
+def test_each_ring_tunes_its_buckets_again_from_the_default_cut(job):
+    """Through train.py: a model of 297,450 parameters (2 buckets at staleness 0, or one), fp16,
+    2 ranks; a host leaves at step 80. The first ring times both cuts from step 3, the ring of
+    one that follows starts again from the default cut and times both again."""
+    j = job("tuned", model={"depth": 8, "width": 32}, exchange={"codec": "fp16", "compress_after": 0.0},
+            train={"steps": 200})
+    done = j.run(j.discovery("0=localhost:1,127.0.0.1:1", "80=localhost:1"), timeout=240)
+    assert done.returncode == 0, explain(done)
+    assert j.summary()["steps"] == 200 and j.summary()["world_sizes_seen"] == [2, 1], explain(done)
+    assert "each ring times the other cut too and keeps the faster" in done.stderr
+    tunings = re.findall(r"bucket tuning on a ring of (\d): (\d) bucket\(s\) [\d.]+ ms, (\d) bucket\(s\) [\d.]+ ms "
+                         r"a step; keeping (\d) bucket\(s\)", done.stderr)
+    assert [t[0] for t in tunings] == ["2", "1"], explain(done)
+    for _, default, other, kept in tunings:
+        assert (default, other) == ("2", "1") and kept in (default, other), tunings

@@ -52,8 +52,9 @@ from transientvod.horovod_wait import POLL_SECONDS, wait_for_distributed_optimiz
 
 log = logging.getLogger(__name__)
 
-# Unless exchange.bucket_elements says otherwise, the buckets follow the staleness
-# (`default_bucket_elements`). At s = 0 the gradient goes in BACKWARD_BUCKETS buckets, whose
+# Unless exchange.bucket_elements says otherwise, the buckets start as the staleness says
+# (`default_bucket_elements`), and the training loop then times the other cut too and keeps
+# the faster (bucket_tuning.py). At s = 0 the gradient goes in BACKWARD_BUCKETS buckets, whose
 # exchanges start while backward is still on the layers before them. On 4 testbed hosts at
 # 25mbit/400ms, ResNet-32 (464,154 parameters), fp16 at s = 0: 1.80 and 1.82 steps/s in 3
 # buckets, against 1.58 and 1.59 in one and 1.85 and 1.80 in 6 (benchmarks/RESULTS.md,
@@ -153,8 +154,8 @@ class GradientExchange:
     """Wraps an optimizer (plain torch, not hvd.DistributedOptimizer) with the exchange."""
 
     __slots__ = ("optimizer", "staleness", "stale_from_step", "codec_name", "block", "min_compress_elements",
-                 "compress_from_step", "start_in_backward", "buckets", "queue", "skipped_steps", "applied_steps",
-                 "started_in_backward", "waited_seconds",
+                 "compress_from_step", "start_in_backward", "params", "buckets", "queue", "skipped_steps",
+                 "applied_steps", "started_in_backward", "waited_seconds",
                  "wire", "name", "_ring", "_next_step", "_starting", "_made", "_grads_seen", "_hooks", "__weakref__")
 
     def __init__(self, optimizer: torch.optim.Optimizer, parameters, staleness: int = 0, codec: str = "none",
@@ -186,7 +187,8 @@ class GradientExchange:
         self.min_compress_elements = min_compress_elements
         self.compress_from_step = compress_from_step
         self.start_in_backward = start_in_backward
-        self.buckets = self._make_buckets(params, bucket_elements)
+        self.params = params
+        self.buckets = [Bucket(i, group) for i, group in enumerate(self.cut_buckets(params, bucket_elements))]
         self.queue: deque[InFlight] = deque()
         self.skipped_steps = 0
         self.applied_steps = 0
@@ -199,6 +201,11 @@ class GradientExchange:
         self._starting: InFlight | None = None  # the step whose buckets backward is starting
         self._made: list[set[int]] = [set() for _ in self.buckets]  # ids of the params with this step's gradient
         self._grads_seen = 0
+        self._hooks = self._hook_buckets()
+
+    def _hook_buckets(self) -> list:
+        """A hook on every parameter, to start its bucket once backward has made the bucket's
+        gradients (_gradient_made)."""
         # A protocol's next phase starts when a poll finds the last one done. Polled only at
         # step(), a scatter-reduce's second phase started a step late and the link idled
         # meanwhile. Backward is most of a step, so poll from there too, as Horovod's
@@ -218,11 +225,11 @@ class GradientExchange:
                     exchange._gradient_made(exchange.buckets[index], param)
             return gradient_made
 
-        self._hooks = [p.register_post_accumulate_grad_hook(hook_of(bucket))
-                       for bucket in self.buckets for p in bucket.params]
+        return [p.register_post_accumulate_grad_hook(hook_of(bucket))
+                for bucket in self.buckets for p in bucket.params]
 
     @staticmethod
-    def _make_buckets(params, bucket_elements: int) -> list[Bucket]:
+    def cut_buckets(params, bucket_elements: int) -> list[list[torch.nn.Parameter]]:
         """Buckets in backward order: backward makes the last parameters' gradients first (the
         usual case; another order costs overlap, not correctness). A bucket closes once it holds
         `bucket_elements`; a smaller remainder (the first layers) joins the bucket before it if
@@ -242,7 +249,36 @@ class GradientExchange:
                 groups[-1].extend(current)
             else:
                 groups.append(current)
-        return [Bucket(i, group) for i, group in enumerate(groups)]
+        return groups
+
+    def rebucket(self, bucket_elements: int) -> bool:
+        """Cut the gradient into buckets of `bucket_elements` afresh (bucket_tuning.py), between
+        two steps with none in flight (drain() first), at the same step on every rank. Error
+        feedback carries over: each codec's residuals, owners' folded into senders', follow
+        their parameters into the new buckets. False if the cut is the one in use."""
+        if self.queue or self._starting is not None:
+            raise RuntimeError("gradient exchange: rebucket() with steps in flight; drain() first.")
+        groups = self.cut_buckets(self.params, bucket_elements)
+        if [len(group) for group in groups] == [len(bucket.params) for bucket in self.buckets]:
+            return False
+        carried: dict[str, dict[int, torch.Tensor]] = {}  # codec name -> id(param) -> its residual
+        for bucket in self.buckets:
+            for name, codec in bucket.codecs.items():  # none before the first step
+                residual = codec.carried_residual(hvd.size(), hvd.rank())
+                if residual is not None:
+                    pieces = residual.split([p.numel() for p in bucket.params])
+                    carried.setdefault(name, {}).update(zip(map(id, bucket.params), pieces))
+        for hook in self._hooks:
+            hook.remove()
+        self.buckets = [Bucket(i, group) for i, group in enumerate(groups)]
+        for name, residuals in carried.items():
+            for bucket in self.buckets:
+                pieces = [residuals.get(id(p), torch.zeros(p.numel(), device=p.device)).reshape(-1)
+                          for p in bucket.params]
+                bucket.codec(name, self.block).load_residual(torch.cat(pieces))
+        self._made = [set() for _ in self.buckets]
+        self._hooks = self._hook_buckets()
+        return True
 
     def zero_grad(self) -> None:
         if self.queue:
@@ -333,8 +369,9 @@ class GradientExchange:
         was finished (every handle waited for) before its successor's backward begins; a stable
         name per slot also lets Horovod's response cache know the op. The ring's first step
         keeps a new ring's names apart from any op a reset dropped, as elastic.CommitVote does,
-        and drain() leaves nothing behind for the next exchange in the same process."""
-        name = f"{self.name}.r{self._ring}.s{step % (self.staleness + 1)}.b{bucket.index}"
+        and drain() leaves nothing behind for the next exchange in the same process. The
+        bucket count tells the cuts of rebucket() apart, each with its own cached sizes."""
+        name = f"{self.name}.r{self._ring}.s{step % (self.staleness + 1)}.b{bucket.index}of{len(self.buckets)}"
         codec = self._codec_for(bucket, step)
         return Transfer(codec.start(bucket.grad, self.wire, name, hvd.size(), hvd.rank()))
 

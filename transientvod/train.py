@@ -43,6 +43,7 @@ from horovod.common.exceptions import HostsUpdatedInterrupt
 
 from transientvod.accounting import JobAccounting
 from transientvod.billing.prices import PriceError
+from transientvod.bucket_tuning import BucketTuner, FixedCut, cuts
 from transientvod.checkpoint import CheckpointError, open_store
 from transientvod.checkpoint_writer import BackgroundCheckpointWriter
 from transientvod.config import Config, ConfigError, config_from_yaml, load_config, to_yaml
@@ -207,15 +208,22 @@ def train(config: Config, record=None) -> None:
     if ex.staleness == 0 and ex.codec == "none":
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
         stepper = SynchronousStep(optimizer)
+        tuner = FixedCut()
     else:
         stepper = GradientExchange(optimizer, model.parameters(), staleness=ex.staleness, codec=ex.codec,
                                    block=ex.block, min_compress_elements=ex.min_compress_elements,
                                    bucket_elements=ex.bucket_elements,
                                    compress_from_step=int(ex.compress_after * config.train.steps),
                                    stale_from_step=staleness_rule.stale_from_step)
-        if hvd.rank() == 0:  # the bucket size follows the staleness unless the config sets it
-            log.info("gradient exchange: codec %s, staleness %d, %d bucket(s) of %s elements", ex.codec,
-                     ex.staleness, len(stepper.buckets), ", ".join(f"{b.grad.numel():,}" for b in stepper.buckets))
+        # Unless the config sets the bucket size, each ring times the cuts and keeps the faster.
+        sizes = cuts(stepper.params, ex.staleness)
+        tuned_from = max(stepper.compress_from_step, stepper.stale_from_step)  # compressed and stale from here
+        tuner = (FixedCut() if ex.bucket_elements is not None or len(sizes) == 1 else
+                 BucketTuner(stepper, sizes, tuned_from, config.train.steps))
+        if hvd.rank() == 0:
+            log.info("gradient exchange: codec %s, staleness %d, %d bucket(s) of %s elements%s", ex.codec,
+                     ex.staleness, len(stepper.buckets), ", ".join(f"{b.grad.numel():,}" for b in stepper.buckets),
+                     "" if isinstance(tuner, FixedCut) else "; each ring times the other cut too and keeps the faster")
     train_set = TensorDataset(data.train_x, data.train_y)
     sampler = ShardSampler(train_set, shuffle=True, seed=config.train.seed)
     policy = CommitPolicy(config.train.commit_every, config.train.checkpoint_every, config.train.steps)
@@ -257,6 +265,7 @@ def train(config: Config, record=None) -> None:
                                        "host": os.environ.get("HOROVOD_HOSTNAME", ""), "address": address})
         books.after_sync(state)  # the bill follows the hosts now in the ring
         commit_vote.begin(state.step)
+        tuner.begin(state.step)
         last_log = time.monotonic()
         samples_since_log = 0
         while state.step < config.train.steps:
@@ -268,6 +277,7 @@ def train(config: Config, record=None) -> None:
                     group["lr"] = lr
                     group["momentum"] = momentum
                 x, y = x.to(device), y.to(device)
+                tuner.before_step()
                 stepper.zero_grad()  # the exchange's: its .grad tensors are views into its buckets
                 loss = F.cross_entropy(state.model(x), y)
                 loss.backward()
@@ -276,6 +286,7 @@ def train(config: Config, record=None) -> None:
                     straggle()
                 state.sampler.record_batch(batch_index, len(y))
                 state.step += 1
+                tuner.after_step(state.step)  # may drain and cut the buckets afresh, on every rank
                 if state.step >= config.train.steps:
                     stepper.drain()  # the last s steps' gradients, before the final commit
                 samples_since_log += len(y) * hvd.size()

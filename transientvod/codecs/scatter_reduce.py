@@ -119,6 +119,23 @@ class ScatterReduce:
         self.residual.zero_()
         self.owner_residual.zero_()
 
+    def carried_residual(self, world: int, rank: int) -> torch.Tensor:
+        """What this rank still owes the ring for this bucket, as one sender's residual, for
+        buckets cut afresh (GradientExchange.rebucket): its own residual plus its owner's,
+        times `world`, since the owner's is on the average's scale and the ring averages what
+        senders send."""
+        carried = self.residual.clone()
+        layout = self.layout(world)
+        start, mine = layout.start[rank], layout.elements[rank]
+        if mine and self.owner_residual.numel() == mine:  # else none yet in this ring (a reset zeroed it)
+            carried[start:start + mine].add_(self.owner_residual, alpha=world)
+        return carried
+
+    def load_residual(self, residual: torch.Tensor) -> None:
+        """Take a carried residual (above) as this bucket's; the owner's starts from zero."""
+        self.residual.copy_(residual)
+        self.owner_residual = torch.zeros(0, dtype=torch.float32, device=self.device)
+
     def start(self, grad: torch.Tensor, wire: Wire, name: str, world: int, rank: int) -> Protocol:
         fmt, block, device = self.format, self.block, self.device
         layout, framing = self.layout(world), self.framing(world, rank)

@@ -86,7 +86,7 @@ def validate(config: Config, source: str = "config") -> None:
         "spot.time_scale": config.spot.time_scale,
         "notices.poll_seconds": config.notices.poll_seconds,
     }
-    if config.exchange.bucket_elements is not None:  # null: chosen by the staleness
+    if config.exchange.bucket_elements is not None:  # null: tuned on each ring (bucket_tuning.py)
         positive["exchange.bucket_elements"] = config.exchange.bucket_elements
     for key, value in positive.items():
         if value <= 0:

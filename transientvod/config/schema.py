@@ -116,8 +116,10 @@ class ExchangeConfig:
     compress_after: float = 0.1  # fraction of train.steps sent uncompressed first (warm-up)
     min_compress_elements: int = 65536  # smaller buckets go uncompressed
     # Gradients travel in buckets cut in backward order; each starts during backward once its
-    # gradients are made. Smaller: more overlap, more CPU a step. null: by the staleness, at 0 a
-    # third of the gradient (at least 131072 elements), stale all of it (exchange.BACKWARD_BUCKETS: why).
+    # gradients are made. Smaller: more overlap, more CPU a step. null: tuned on each ring, which
+    # times a third of the gradient (at least 131072 elements) against all of it and keeps the
+    # faster (bucket_tuning.py: why); a run too short to time both keeps the staleness's
+    # default, at 0 a third, stale all of it (exchange.BACKWARD_BUCKETS).
     bucket_elements: int | None = None
     stale_lr: bool = False  # divide the learning rate by 1 + s
     stale_momentum: bool = True  # while s > 0: momentum - s/(s+1), at least 0 (a delay adds that much of its own)
