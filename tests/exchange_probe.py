@@ -361,7 +361,6 @@ def bucket_tuning(slow_cut: int, steps: int = 64) -> dict:
     ran_in = []
     for step in range(steps):
         ran_in.append(len(exchange.buckets))
-        tuner.before_step()
         exchange.zero_grad()
         for param in params:
             param.grad.fill_(1.0)

@@ -12,14 +12,19 @@ Once the gradients are compressed and stale (after compress_after and a synchron
 each ring runs TURNS turns in the order A B B A (so that a drift in speed favours neither),
 A being `exchange.default_bucket_elements` and B the other cut. A turn skips its first
 steps (the switch, and at staleness s the s steps that refill the pipeline) and times the
-next MEASURED_STEPS: from zero_grad to the end of the exchange's step, so that a commit, a
-vote or an evaluation in between counts for neither. The ranks average their times (one small
-allreduce) so that all of them keep the same cut, the faster one. A new ring tunes again: its
-links may differ, and a worker that joins starts from cut A like every other rank.
+next MEASURED_STEPS, each from the end of the step before: the whole loop, since waits
+outside the exchange's step depend on the cut too (at staleness 2 and 25 Mbit the commit
+vote's allreduce queued behind the exchange's ops for 100-125 ms a step, more in 3 buckets,
+and timing only zero_grad to step kept the cut that ran 1.72 steps/s against 1.89). A cut's
+time is the median of its steps, so that a commit or an evaluation in a turn does not count.
+The ranks average their medians (one small allreduce) so that all of them keep the same cut,
+the faster one. A new ring tunes again: its links may differ, and a worker that joins starts
+from cut A like every other rank.
 """
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 
 import torch
@@ -51,7 +56,7 @@ class BucketTuner:
     """Drives one exchange's cut through each ring's turns, then keeps the faster cut."""
 
     __slots__ = ("exchange", "sizes", "tune_from_step", "total_steps", "skip", "chosen", "seconds",
-                 "_ring", "_first", "_steps", "_step_began")
+                 "_ring", "_first", "_steps", "_last_step_ended")
 
     def __init__(self, exchange: GradientExchange, sizes: list[int], tune_from_step: int, total_steps: int):
         """`sizes`: the cuts to try, A first (`cuts`). `tune_from_step`: the first step at which
@@ -63,11 +68,11 @@ class BucketTuner:
         self.total_steps = total_steps
         self.skip = exchange.staleness + 2  # the switch's step, and the s steps that refill the pipeline
         self.chosen: int | None = None  # the size this ring keeps, once known
-        self.seconds: list[float] = []  # this rank's mean step time in each cut, for the log and tests
+        self.seconds: list[float] = []  # this rank's median step time in each cut, for the log and tests
         self._ring = 0
         self._first = 0  # the ring's first tuned step
         self._steps: list[list[float]] = [[] for _ in sizes]
-        self._step_began: float | None = None
+        self._last_step_ended: float | None = None
 
     @property
     def turn_steps(self) -> int:
@@ -80,22 +85,20 @@ class BucketTuner:
         self._ring = ring_step
         self._first = max(ring_step + SETTLE_STEPS, self.tune_from_step)
         self._steps = [[] for _ in self.sizes]
-        self._step_began = None
+        self._last_step_ended = None
         self.seconds = []
         ends = self._first + len(TURNS) * self.turn_steps
         self.chosen = None if len(self.sizes) > 1 and ends <= self.total_steps else self.sizes[0]
 
-    def before_step(self) -> None:
-        """Call before the step's zero_grad."""
-        if self.chosen is None:
-            self._step_began = time.perf_counter()
-
     def after_step(self, steps_done: int) -> None:
         """Call after the exchange's step, with the steps done on this ring so far (the next
-        step's number): records the step's time, and at the end of a turn switches the cut."""
-        if self.chosen is None and self._step_began is not None:
-            self._record(steps_done - 1, time.perf_counter() - self._step_began)
-        self._step_began = None
+        step's number): records the time since the step before ended, and at the end of a turn
+        switches the cut."""
+        if self.chosen is None:
+            now = time.perf_counter()
+            if self._last_step_ended is not None:
+                self._record(steps_done - 1, now - self._last_step_ended)
+            self._last_step_ended = time.perf_counter()  # after a switch's drain and re-cut, if any
 
     def _record(self, step: int, seconds: float) -> None:
         at = step - self._first
@@ -116,9 +119,9 @@ class BucketTuner:
         self.exchange.rebucket(size)
 
     def _decide(self) -> None:
-        """Every rank's mean step time in each cut, averaged over the ranks: the same choice
+        """Every rank's median step time in each cut, averaged over the ranks: the same choice
         everywhere. Waited for without spinning, like the other blocking collectives."""
-        self.seconds = [sum(times) / len(times) for times in self._steps]
+        self.seconds = [statistics.median(times) for times in self._steps]
         mine = torch.tensor(self.seconds, dtype=torch.float64)
         ring = wait([hvd.allreduce_async(mine, op=hvd.Average, name=f"transientvod.bucket_tuning.{self._ring}")])[0]
         best = min(range(len(self.sizes)), key=lambda index: ring[index].item())
@@ -140,9 +143,6 @@ class FixedCut:
     chosen = None
 
     def begin(self, ring_step: int) -> None:
-        pass
-
-    def before_step(self) -> None:
         pass
 
     def after_step(self, steps_done: int) -> None:

@@ -277,7 +277,6 @@ def train(config: Config, record=None) -> None:
                     group["lr"] = lr
                     group["momentum"] = momentum
                 x, y = x.to(device), y.to(device)
-                tuner.before_step()
                 stepper.zero_grad()  # the exchange's: its .grad tensors are views into its buckets
                 loss = F.cross_entropy(state.model(x), y)
                 loss.backward()
