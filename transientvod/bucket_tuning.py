@@ -133,6 +133,7 @@ class BucketTuner:
             log.info("bucket tuning on a ring of %d: %s a step; keeping %d bucket(s)", hvd.size(), ", ".join(tried),
                      len(self.exchange.buckets))
 
+
 def _cut_of(turn: int) -> int:
     return 0 if TURNS[turn] == "A" else 1
 
