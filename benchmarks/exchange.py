@@ -75,6 +75,11 @@ def run_exchange(record, out: str, bandwidth: str, codec: str, staleness: int, s
         with MachineLoad() as load:
             extra = {"HOROVOD_TIMELINE": str((directory / "timeline.json").resolve())} if timeline else {}
             run_to_end(job, job.cloud_hosts(), job_env(step_seconds, **extra), timeout=max(1800, steps * 3))
+        # Which cut the ring kept (transientvod/bucket_tuning.py), from rank 0's log, whole: it
+        # comes early in a long job.
+        for line in job.log_path.read_text(errors="replace").splitlines():
+            if "bucket tuning " in line:
+                print(f"{bandwidth} {codec} s={staleness}: bucket tuning {line.split('bucket tuning ', 1)[1]}", flush=True)
         waited = sum(ms_per_step(job, key, MEASURED_FROM_STEP) for key in ("exchange_wait_s", "vote_wait_s"))
         return (steps_per_second(job, MEASURED_FROM_STEP), job.summary()["test_accuracy"],
                 cpu_ms_per_step(job, MEASURED_FROM_STEP), waited, busy_share(job, load, MEASURED_FROM_STEP))
