@@ -166,8 +166,9 @@ def owner_residual(steps: int = 200, recut_every: int = 0) -> list[dict]:
 
     With `recut_every`, the four parts are four parameters, and every that many steps the
     exchange drains and is cut afresh (rebucket), in turns into one bucket per part and one
-    for all: the residuals must follow their elements into the new buckets, owners' included
-    (dropped at each of 10 cuts, up to a quantum of the 25 to deliver is lost each time)."""
+    for all: delivery must hold through the cuts. It does not tell whether residuals are
+    carried (a steady residual is as often below as above zero when dropped: with them
+    dropped, only int8 failed here); `recut_delivery` does."""
     world, rank = hvd.size(), hvd.rank()
     part = 16 * BLOCK  # whole int8 blocks, at least one per owner
     parts = {"steady_a": 0, "steady_b": 1, "noisy_a": 2, "noisy_b": 3}

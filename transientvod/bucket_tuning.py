@@ -141,8 +141,6 @@ def _cut_of(turn: int) -> int:
 class FixedCut:
     """No tuning: the cut the config set, or none to tune (hvd.DistributedOptimizer's own)."""
 
-    chosen = None
-
     def begin(self, ring_step: int) -> None:
         pass
 

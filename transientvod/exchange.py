@@ -273,7 +273,7 @@ class GradientExchange:
         self.buckets = [Bucket(i, group) for i, group in enumerate(groups)]
         for name, residuals in carried.items():
             for bucket in self.buckets:
-                pieces = [residuals.get(id(p), torch.zeros(p.numel(), device=p.device)).reshape(-1)
+                pieces = [residuals[id(p)] if id(p) in residuals else torch.zeros(p.numel(), device=p.device)
                           for p in bucket.params]
                 bucket.codec(name, self.block).load_residual(torch.cat(pieces))
         self._made = [set() for _ in self.buckets]
