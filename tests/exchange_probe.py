@@ -348,15 +348,21 @@ def recut_delivery(codec: str) -> dict:
             "quantum": QUANTUM[codec]}
 
 
-def bucket_tuning(slow_cut: int, steps: int = 64) -> dict:
+def bucket_tuning(slow_cut: int, steps: int = 64, bursty: bool = False) -> dict:
     """A BucketTuner on fp16 at staleness 2, six parameters of 100,000 elements (one bucket by
     default, 3 the other cut), every gradient 1.0: rank 0 sleeps 60 ms in each step it runs in
     `slow_cut` buckets, so the other cut must be kept, on both ranks. Which cut each step ran
     in, and the parameters: every step's gradient applied exactly once through the switches'
-    drains (-steps in every element)."""
+    drains (-steps in every element).
+
+    `bursty`: the slow cut sleeps 400 ms every 4th step instead (100 ms a step on average, none
+    in most steps, as a stale step on a slow link waits now and then), the other 50 ms every
+    step, and after every 7th step in the other cut every rank sleeps 500 ms more as "other
+    work" (a commit, an evaluation), which the tuner is told of. Kept by the median, or with
+    that work counted (150 ms a step), the slow cut would win."""
     params = [torch.nn.Parameter(torch.zeros(100_000, device=DEVICE)) for _ in range(6)]
     exchange = GradientExchange(torch.optim.SGD(params, lr=1.0), params, staleness=2, codec="fp16",
-                                name=f"tuning.{slow_cut}")
+                                name=f"tuning.{slow_cut}.{int(bursty)}")
     tuner = BucketTuner(exchange, cuts(params, 2), tune_from_step=0, total_steps=steps)
     tuner.begin(0)
     ran_in = []
@@ -365,13 +371,19 @@ def bucket_tuning(slow_cut: int, steps: int = 64) -> dict:
         exchange.zero_grad()
         for param in params:
             param.grad.fill_(1.0)
-        if hvd.rank() == 0 and len(exchange.buckets) == slow_cut:
+        in_slow_cut = len(exchange.buckets) == slow_cut
+        if hvd.rank() == 0 and not bursty and in_slow_cut:
             time.sleep(0.06)
+        if hvd.rank() == 0 and bursty:
+            time.sleep((0.4 if step % 4 == 0 else 0.0) if in_slow_cut else 0.05)
         exchange.step(step)
         tuner.after_step(step + 1)
+        if bursty and not in_slow_cut and step % 7 == 0:
+            time.sleep(0.5)
+            tuner.other_work()
     exchange.drain()
     values = torch.cat([p.detach().cpu() for p in params])
-    return {"slow_cut": slow_cut, "ran_in": ran_in, "chosen_buckets": len(exchange.buckets), "chosen": tuner.chosen,
+    return {"slow_cut": slow_cut, "bursty": bursty, "ran_in": ran_in, "chosen_buckets": len(exchange.buckets), "chosen": tuner.chosen,
             "seconds": tuner.seconds, "sizes": tuner.sizes, "turn_steps": tuner.turn_steps,
             "param_range": [values.min().item(), values.max().item()], "applied": exchange.applied_steps}
 
@@ -474,7 +486,7 @@ CHECKS = {
     "switch": lambda: [compress_switch()],
     "drain": lambda: [drain_count(c) for c in CODECS],
     "lost_peer": lambda: [lost_peer_reset(c) for c in COMPRESSED],
-    "tuning": lambda: [bucket_tuning(1), bucket_tuning(3)],
+    "tuning": lambda: [bucket_tuning(1), bucket_tuning(3), bucket_tuning(3, bursty=True)],
     "bytes": lambda: [sent_bytes(c) for c in CODECS],
     "waited": lambda: [waited(c) for c in CODECS],
     "wire_bytes": lambda: [wire_bytes(c) for c in CODECS],  # on a testbed: one rank per host

@@ -157,7 +157,7 @@ def test_what_the_residuals_held_at_a_cut_is_delivered_after_it(codec):
 def test_bucket_tuning_keeps_the_faster_cut_on_every_rank_and_applies_each_step_once(slow_cut):
     """bucket_tuning.py at staleness 2: 3 steps, then turns A B B A of 14 steps (4 skipped, 10
     timed), A the default (one bucket while stale) and B the other (3), then the faster cut."""
-    found = [row for row in rows(2, "tuning") if row["slow_cut"] == slow_cut]
+    found = [row for row in rows(2, "tuning") if row["slow_cut"] == slow_cut and not row["bursty"]]
     assert len(found) == 2, found
     kept = 3 if slow_cut == 1 else 1
     for row in found:
@@ -168,6 +168,21 @@ def test_bucket_tuning_keeps_the_faster_cut_on_every_rank_and_applies_each_step_
     slow = 0 if slow_cut == 1 else 1  # where the slow cut is in `sizes` (A is one bucket)
     rank0 = next(row for row in found if row["rank"] == 0)
     assert rank0["seconds"][slow] > rank0["seconds"][1 - slow] + 0.03, rank0  # it slept 60 ms a step there
+
+
+@pytest.mark.slow
+def test_bucket_tuning_compares_mean_step_times_without_the_steps_that_did_other_work():
+    """The slow cut (3 buckets) sleeps 400 ms every 4th step, the fast one 50 ms every step plus
+    500 ms of "other work" after every 7th: by the median, or with that work counted, the slow
+    cut would look faster. One bucket is kept, on both ranks."""
+    found = [row for row in rows(2, "tuning") if row["bursty"]]
+    assert len(found) == 2, found
+    for row in found:
+        assert row["ran_in"] == [1] * 3 + [1] * 14 + [3] * 28 + [1] * 14 + [1] * 5, row
+        assert row["chosen_buckets"] == 1 and row["applied"] == 64, row
+    rank0 = next(row for row in found if row["rank"] == 0)
+    one, three = rank0["seconds"]  # A (one bucket) first
+    assert one >= 0.05 and three > one + 0.02, rank0  # means: 50 ms of sleep a step against 100
 
 
 @pytest.mark.slow

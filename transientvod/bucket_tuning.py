@@ -16,8 +16,13 @@ next MEASURED_STEPS, each from the end of the step before: the whole loop, since
 outside the exchange's step depend on the cut too (at staleness 2 and 25 Mbit the commit
 vote's allreduce queued behind the exchange's ops for 100-125 ms a step, more in 3 buckets,
 and timing only zero_grad to step kept the cut that ran 1.72 steps/s against 1.89). A cut's
-time is the median of its steps, so that a commit or an evaluation in a turn does not count.
-The ranks average their medians (one small allreduce) so that all of them keep the same cut,
+time is the mean of its steps' times, leaving out any step during which the job evaluated or
+committed (the loop says so: `other_work`), since those cost the same in either cut. Not the
+median: on a slow link a stale step's times are skewed (a step that waits for the link, then
+steps that do not), and the median then fell far below the link's pace (fp16 at staleness 2,
+100 Mbit: 98.6 ms a step for 3 buckets, which ran 146-150 ms a step in jobs of their own,
+against 128.2 for one, which ran 136), and the tuner kept the slower cut.
+The ranks average their means (one small allreduce) so that all of them keep the same cut,
 the faster one. A new ring tunes again: its links may differ, and a worker that joins starts
 from cut A like every other rank.
 """
@@ -56,7 +61,7 @@ class BucketTuner:
     """Drives one exchange's cut through each ring's turns, then keeps the faster cut."""
 
     __slots__ = ("exchange", "sizes", "tune_from_step", "total_steps", "skip", "chosen", "seconds",
-                 "_ring", "_first", "_steps", "_last_step_ended")
+                 "_ring", "_first", "_steps", "_last_step_ended", "_other_work")
 
     def __init__(self, exchange: GradientExchange, sizes: list[int], tune_from_step: int, total_steps: int):
         """`sizes`: the cuts to try, A first (`cuts`). `tune_from_step`: the first step at which
@@ -68,11 +73,12 @@ class BucketTuner:
         self.total_steps = total_steps
         self.skip = exchange.staleness + 2  # the switch's step, and the s steps that refill the pipeline
         self.chosen: int | None = None  # the size this ring keeps, once known
-        self.seconds: list[float] = []  # this rank's median step time in each cut, for the log and tests
+        self.seconds: list[float] = []  # this rank's mean step time in each cut, for the log and tests
         self._ring = 0
         self._first = 0  # the ring's first tuned step
         self._steps: list[list[float]] = [[] for _ in sizes]
         self._last_step_ended: float | None = None
+        self._other_work = False  # the step now running also evaluates or commits: not timed
 
     @property
     def turn_steps(self) -> int:
@@ -86,6 +92,7 @@ class BucketTuner:
         self._first = max(ring_step + SETTLE_STEPS, self.tune_from_step)
         self._steps = [[] for _ in self.sizes]
         self._last_step_ended = None
+        self._other_work = False
         self.seconds = []
         ends = self._first + len(TURNS) * self.turn_steps
         self.chosen = None if len(self.sizes) > 1 and ends <= self.total_steps else self.sizes[0]
@@ -97,15 +104,22 @@ class BucketTuner:
         if self.chosen is None:
             now = time.perf_counter()
             if self._last_step_ended is not None:
-                self._record(steps_done - 1, now - self._last_step_ended)
+                self._record(steps_done - 1, None if self._other_work else now - self._last_step_ended)
+            self._other_work = False
             self._last_step_ended = time.perf_counter()  # after a switch's drain and re-cut, if any
 
-    def _record(self, step: int, seconds: float) -> None:
+    def other_work(self) -> None:
+        """Call when the job evaluates or commits between two steps: the time until the next
+        step ends is not a step's own, so it is not counted. Every rank does this work at the
+        same steps, so every rank leaves out the same ones."""
+        self._other_work = True
+
+    def _record(self, step: int, seconds: float | None) -> None:
         at = step - self._first
         if at < 0:
             return
         turn, within = divmod(at, self.turn_steps)
-        if within >= self.skip:
+        if within >= self.skip and seconds is not None:
             self._steps[_cut_of(turn)].append(seconds)
         if within < self.turn_steps - 1:
             return
@@ -119,9 +133,11 @@ class BucketTuner:
         self.exchange.rebucket(size)
 
     def _decide(self) -> None:
-        """Every rank's median step time in each cut, averaged over the ranks: the same choice
-        everywhere. Waited for without spinning, like the other blocking collectives."""
-        self.seconds = [statistics.median(times) for times in self._steps]
+        """Every rank's mean step time in each cut, averaged over the ranks: the same choice
+        everywhere. Waited for without spinning, like the other blocking collectives. A cut
+        whose every timed step held other work (a notice makes the job commit every step) counts
+        as infinitely slow, on every rank alike: with both so, cut A stays."""
+        self.seconds = [statistics.fmean(times) if times else float("inf") for times in self._steps]
         mine = torch.tensor(self.seconds, dtype=torch.float64)
         ring = wait([hvd.allreduce_async(mine, op=hvd.Average, name=f"transientvod.bucket_tuning.{self._ring}")])[0]
         best = min(range(len(self.sizes)), key=lambda index: ring[index].item())
@@ -145,4 +161,7 @@ class FixedCut:
         pass
 
     def after_step(self, steps_done: int) -> None:
+        pass
+
+    def other_work(self) -> None:
         pass

@@ -312,6 +312,7 @@ def train(config: Config, record=None) -> None:
                     last_log, samples_since_log = now, 0
                 if config.train.eval_every and state.step % config.train.eval_every == 0:
                     accuracy = evaluate(state.model, data, device)  # every rank, its slice
+                    tuner.other_work()  # not a step's time
                     if hvd.rank() == 0:
                         row = {"step": state.step, "test_accuracy": accuracy}
                         books.on_eval(state, row)
@@ -330,6 +331,7 @@ def train(config: Config, record=None) -> None:
                     books.before_checkpoint(state)
                     checkpoint_writer.submit(state.step, state.checkpoint_payload(), config_yaml)
                 if decision.commit:
+                    tuner.other_work()  # not a step's time, on every rank alike
                     try:
                         state.commit()  # may raise HostsUpdatedInterrupt: the state is saved first
                     except HostsUpdatedInterrupt:
