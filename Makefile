@@ -17,7 +17,7 @@ CUDA_TORCH_SPEC ?= torch==2.14.1
 
 install: $(STAMP)
 
-$(STAMP): setup.py launch/install_horovod.sh launch/horovod-0.28.1-transient.patch
+$(STAMP): setup.py pyproject.toml launch/install_horovod.sh launch/horovod-0.28.1-transient.patch
 	@test -x $(PY) || { echo "make: creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
 	@echo "make: installing $(TORCH_SPEC)"
 	$(PY) -m pip install --quiet $(TORCH_SPEC) numpy

@@ -12,6 +12,7 @@ a repeatable rehearsal of losing and regaining a server on one machine::
 Each `--phase STEP=HOSTS` applies from the job's step STEP on; the current step is the last
 `"step"` written to the progress file (0 while it does not exist). `localhost` and
 `127.0.0.1` are two distinct hosts to Horovod that both run here without ssh.
+Installed, the same script is `python -m transientvod.launch.local_hosts`.
 (Discovery from real spot lifecycles lives in launch/spot_hosts.py, same contract.)
 """
 from __future__ import annotations

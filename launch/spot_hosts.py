@@ -4,6 +4,8 @@
     horovodrun -np 4 --min-np 2 --max-np 8 \\
         --host-discovery-script "python launch/spot_hosts.py --state-file runs/job/hosts.json" ...
 
+(from a checkout; wherever transientvod is installed: `python -m transientvod.launch.spot_hosts ...`)
+
 Horovod runs this every second, so it never calls a cloud API: it reads the host-state file
 that the watcher (`transientvod watch ...`) keeps current, and prints the usable hosts (hosts
 with an interruption notice are already left out, so Horovod removes them gracefully before
@@ -18,8 +20,8 @@ import os
 import sys
 import time
 
-# Runs from a checkout without installation too: the package lives next to launch/.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if not __package__:  # run as a file from a checkout (python launch/spot_hosts.py): the package is beside launch/
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from transientvod.spot.hosts import HostStateError, read_host_state  # noqa: E402  (never imports torch)
 

@@ -6,7 +6,7 @@ servers, and nothing else; exit 0. A host that vanished or was killed drops out;
 one comes back. `--lag SECONDS` keeps reporting a change's old state that long, as a cloud's
 API lags behind its servers::
 
-    python launch/testbed_hosts.py --name tvd --slots 1 --lag 5
+    python launch/testbed_hosts.py --name tvd --slots 1 --lag 5      # installed: python -m transientvod.launch.testbed_hosts
 
 Horovod runs it every second, so it imports nothing beyond the testbed's record.
 """
@@ -17,7 +17,8 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if not __package__:  # run as a file from a checkout (python launch/testbed_hosts.py): the package is beside launch/
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from transientvod.testbed import TestbedError  # noqa: E402
 from transientvod.testbed.record import require_record  # noqa: E402

@@ -1,3 +1,3 @@
 """transientvod: elastic deep-learning training on transient (spot / preemptible) servers."""
 
-__version__ = "0.1.0"
+from transientvod.version import __version__  # noqa: F401  (pyproject.toml reads it there)

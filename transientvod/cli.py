@@ -4,6 +4,7 @@
     transientvod train --config FILE [--set section.key=value ...] [--discovery "COMMAND"]
     transientvod watch --config FILE      keep the host-state file for launch/spot_hosts.py current
     transientvod doctor                   which kernel backend each op uses on this machine, and why
+    transientvod install-horovod          build (once, cached) and install the patched Horovod for this Python
     transientvod compare [--experiment NAME] [--baseline RUN_ID] [--out DIR] [RUN_ID ...]
                                           the study's table (time, cost, accuracy, speed-up, savings)
                                           from the runs in MLflow, plus a CSV and a cost-vs-accuracy PNG
@@ -37,30 +38,35 @@ import logging
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 import time
+from importlib import resources
 from pathlib import Path
 
 from transientvod.config import DEFAULT_EXPERIMENT, DEFAULT_OUTPUT_DIR, Config, ConfigError, load_config
-from transientvod.launcher import LaunchError, format_summary, revocation, run_job
+from transientvod.launcher import LaunchError, format_summary, revocation, run_job, spot_hosts_command
 from transientvod.testbed import TestbedError
+from transientvod.version import __version__
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEMO_CONFIG = REPO_ROOT / "configs" / "demo.yaml"
+# Shipped inside the package (configs/ and launch/ of the checkout; see setup.py), so that an
+# installed wheel runs the demo and builds Horovod without a checkout.
+DEMO_CONFIG = resources.files("transientvod.configs") / "demo.yaml"
+INSTALL_HOROVOD = resources.files("transientvod.launch") / "install_horovod.sh"
 
 
 def demo_discovery(config: Config) -> str:
     """Both local hosts; 127.0.0.1 leaves at 30% of the steps and comes back at 60%."""
     leave, rejoin = int(config.train.steps * 0.3), int(config.train.steps * 0.6)
-    script = REPO_ROOT / "launch" / "local_hosts.py"
     progress = config.run_dir / "metrics.jsonl"
-    return (f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} "
+    return (f"{shlex.quote(sys.executable)} -m transientvod.launch.local_hosts "
             f"--phase 0=localhost:1,127.0.0.1:1 --phase {leave}=localhost:1 "
             f"--phase {rejoin}=localhost:1,127.0.0.1:1 --progress {shlex.quote(str(progress))}")
 
 
 def cmd_demo(args) -> int:
-    config = load_config(DEMO_CONFIG, args.set)
+    with resources.as_file(DEMO_CONFIG) as path:
+        config = load_config(path, args.set)
     # The demo always starts from step 0: its own run directory is scratch space.
     if config.run_dir.exists():
         shutil.rmtree(config.run_dir)
@@ -107,13 +113,23 @@ def cmd_watch(args) -> int:
         raise ConfigError("spot.provider is none; set it to trace, aws or gce to watch spot hosts.")
     provider = provider_from_config(config.spot, start_time=time.time())
     print(f"transientvod watch: writing {config.host_state_file} every {config.spot.poll_seconds:g} s; "
-          f"discovery: python launch/spot_hosts.py --state-file {config.host_state_file}", flush=True)
+          f"discovery: {spot_hosts_command(config.host_state_file)}", flush=True)
     try:
         watch(provider, config.host_state_file, poll_seconds=config.spot.poll_seconds,
               revoke=revocation(config) if config.spot.provider == "trace" else None, gate=gate_for(config.spot))
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def cmd_install_horovod(args) -> int:
+    """Build (once per torch build and Python, cached) and install the patched Horovod into this
+    Python's environment: the packaged launch/install_horovod.sh, run with this interpreter."""
+    with resources.as_file(INSTALL_HOROVOD) as script:
+        try:
+            return subprocess.run(["bash", str(script)], env=dict(os.environ, PYTHON=sys.executable)).returncode
+        except FileNotFoundError:
+            raise ConfigError("install-horovod runs a bash script and bash is not installed; install bash.") from None
 
 
 def parse_prices(items: list[str]) -> dict[str, float]:
@@ -193,9 +209,11 @@ def fleet_instance_profile(args) -> str:
     found = setup_instance_profile(args.job_tag, args.region, args.endpoint_url)
     if found:
         return found
-    if args.horovod_wheel:
-        raise ConfigError(f"the workers read --horovod-wheel with an instance profile's credentials, and job "
-                          f"{args.job_tag} has none; run 'transientvod aws setup --job-tag {args.job_tag}' or "
+    from_s3 = [name for name, value in (("--horovod-wheel", args.horovod_wheel), ("--project-spec", args.project_spec))
+               if value.startswith("s3://")]
+    if from_s3:
+        raise ConfigError(f"the workers read {' and '.join(from_s3)} from S3 with an instance profile's credentials, "
+                          f"and job {args.job_tag} has none; run 'transientvod aws setup --job-tag {args.job_tag}' or "
                           "give --instance-profile NAME.")
     print(f"transientvod fleet: no instance profile transientvod-{args.job_tag}-worker (transientvod aws setup "
           "makes it); the instances get no AWS credentials of their own.", flush=True)
@@ -369,6 +387,7 @@ def add_workload_arguments(parser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transientvod", description="elastic training on transient servers")
+    parser.add_argument("--version", action="version", version=f"transientvod {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="the main job on the embedded digits data set")
     demo.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -387,6 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
     watcher.set_defaults(func=cmd_watch)
     doctor = sub.add_parser("doctor", help="which kernel backend each op uses here, and why")
     doctor.set_defaults(func=cmd_doctor)
+    install_horovod = sub.add_parser("install-horovod", help="build (cached) and install the patched Horovod "
+                                     "for this Python and its torch (HOROVOD_SDIST=FILE: without PyPI)")
+    install_horovod.set_defaults(func=cmd_install_horovod)
     compare = sub.add_parser("compare", help="compare runs recorded in MLflow: time, cost, accuracy")
     compare.add_argument("runs", nargs="*", metavar="RUN_ID", help="these runs, in this order (default: the experiment's)")
     compare.add_argument("--experiment", help=f"the MLflow experiment (default: {DEFAULT_EXPERIMENT})")
@@ -451,12 +473,13 @@ def build_parser() -> argparse.ArgumentParser:
                            "then authorizes this key and starts sshd (without it: no user data)")
     join.add_argument("--ssh-user", default=getpass.getuser(),
                       help="the user horovodrun logs in as (default: yours, as ssh does without a User line)")
-    join.add_argument("--project-spec", default="",
-                      help="pip requirement of transientvod to install at boot, e.g. git+https://HOST/REPO.git@REF "
-                           "(default: none, the image has it)")
+    join.add_argument("--project-spec", default="", metavar="s3://BUCKET/KEY.whl | REQUIREMENT",
+                      help="transientvod to install at boot: the s3:// URL of its wheel ('pip wheel --no-deps .' in "
+                           "a checkout), read with the instance profile, or a pip requirement such as "
+                           "transientvod==VERSION (default: none, the image has it)")
     join.add_argument("--horovod-wheel", default="", metavar="s3://BUCKET/KEY.whl",
-                      help="the patched Horovod wheel launch/install_horovod.sh built (default: build it at boot, "
-                           "minutes, from the git --project-spec)")
+                      help="the patched Horovod wheel 'transientvod install-horovod' built and cached (default: "
+                           "build it at boot, minutes)")
     join.add_argument("--torch-spec", default=launcher_torch(),
                       help="pip requirement of torch (default: the launcher's version, which the wheel was built for)")
     join.add_argument("--worker-venv", default=sys.prefix,

@@ -152,7 +152,16 @@ def check_prices(config: Config) -> None:
         raise LaunchError(str(e)) from None
 
 
-SPOT_HOSTS = Path(__file__).resolve().parents[1] / "launch" / "spot_hosts.py"
+SPOT_HOSTS_MODULE = "transientvod.launch.spot_hosts"  # launch/spot_hosts.py, shipped in the package
+
+
+def spot_hosts_command(state_file: str | Path, stale_after: float | None = None) -> str:
+    """The discovery command horovodrun runs every second: the installed package's spot_hosts
+    module, with this launcher's Python (a checkout need not exist where the job runs)."""
+    command = f"{shlex.quote(sys.executable)} -m {SPOT_HOSTS_MODULE} --state-file {shlex.quote(str(state_file))}"
+    return command if stale_after is None else f"{command} --stale-after {stale_after:g}"
+
+
 REPLAY_START_TIMEOUT = 120  # seconds to wait for a worker on every host before a replay starts
 STATE_REFRESH_SECONDS = 5  # how often the first host state is rewritten while the replay waits
 log = logging.getLogger(__name__)
@@ -208,9 +217,7 @@ def start_spot_watcher(config: Config) -> tuple[str, threading.Event]:
     threading.Thread(target=watch_job, name="spot-watcher", daemon=True).start()
     if config.spot.provider == "trace" and config.notices.source == "none":
         config.notices.source = "hoststate"  # a replayed notice reaches workers through the same file
-    discovery = (f"{shlex.quote(sys.executable)} {shlex.quote(str(SPOT_HOSTS))} --state-file {shlex.quote(state_file)}"
-                 f" --stale-after {config.spot.stale_after:g}")
-    return discovery, stop
+    return spot_hosts_command(state_file, config.spot.stale_after), stop
 
 
 def revocation(config: Config):

@@ -79,13 +79,18 @@ def test_a_dry_run_says_what_each_instance_gets(aws, public_key):
     assert "and no instance profile." in done.stdout
 
 
-def test_a_wheel_without_an_instance_profile_is_one_sentence(aws, public_key):
+@pytest.mark.parametrize("extra, named", [
+    (["--horovod-wheel", "s3://b/horovod.whl"], "--horovod-wheel"),
+    (["--project-spec", "s3://b/transientvod-0.1.0-py3-none-any.whl"], "--project-spec"),
+    (["--horovod-wheel", "s3://b/horovod.whl", "--project-spec", "s3://b/transientvod-0.1.0-py3-none-any.whl"],
+     "--horovod-wheel and --project-spec"),
+])
+def test_a_wheel_from_s3_without_an_instance_profile_is_one_sentence(aws, public_key, extra, named):
     url, ami, _ = aws
-    done = fleet_cli(url, ami, "--ssh-public-key", str(public_key), "--horovod-wheel", "s3://b/horovod.whl",
-                     "--dry-run")
+    done = fleet_cli(url, ami, "--ssh-public-key", str(public_key), *extra, "--dry-run")
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == (
-        f"transientvod: the workers read --horovod-wheel with an instance profile's credentials, and job {JOB} "
+        f"transientvod: the workers read {named} from S3 with an instance profile's credentials, and job {JOB} "
         f"has none; run 'transientvod aws setup --job-tag {JOB}' or give --instance-profile NAME.")
 
 

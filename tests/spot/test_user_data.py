@@ -12,11 +12,12 @@ from transientvod.spot.user_data import (MAX_USER_DATA_BYTES, JoinSpec, UserData
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJIFiHFyUQYSvQltaNmx9WQ5R3tFyB5Ii0gMbWQtifbe alice@laptop"
 WHEEL = "s3://my-bucket/wheels/horovod-0.28.1+transientvod.1a2b3c4d-cp311-cp311-linux_x86_64.whl"
+PROJECT = "s3://my-bucket/wheels/transientvod-0.1.0-py3-none-any.whl"
 
 
 def spec(**changes) -> JoinSpec:
     values = {"public_key": KEY, "ssh_user": "ubuntu", "venv": "/home/ubuntu/transientvod/.venv",
-              "project": "git+https://example.org/transientvod.git@v0.1.0", "horovod_wheel": WHEEL,
+              "project": PROJECT, "horovod_wheel": WHEEL,
               "torch": "torch==2.13.0", "region": "us-east-1", "python_version": "3.11"}
     values.update(changes)
     return JoinSpec(**values)
@@ -38,7 +39,7 @@ def test_the_script_is_valid_bash_and_carries_each_value_verbatim():
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
     assert values_in_bash(script) == {
         "SSH_USER": "ubuntu", "VENV": "/home/ubuntu/transientvod/.venv", "PUBLIC_KEY": awkward,
-        "PROJECT": "git+https://example.org/transientvod.git@v0.1.0", "HOROVOD_WHEEL": WHEEL,
+        "PROJECT": PROJECT, "HOROVOD_WHEEL": WHEEL,
         "TORCH_SPEC": "torch==2.13.0", "REGION": "us-east-1", "PYTHON_VERSION": "3.11"}
 
 
@@ -55,10 +56,22 @@ def test_the_key_is_authorized_after_the_install_and_sshd_starts_last():
     assert "'import torch, horovod.torch, transientvod'" in script
 
 
-def test_without_a_wheel_horovod_is_built_from_the_git_source():
+def test_the_project_is_a_wheel_from_s3_or_a_requirement_then_horovod_from_s3():
+    # No git checkout anywhere: transientvod's wheel carries all the worker runs.
+    script = join_script(spec())
+    assert "git " not in script and "git+" not in script
+    project = script.index('from_s3 "$PROJECT" "$PROJECT_WHEEL"')
+    requirement = script.index('"$PY" -m pip install -q "$PROJECT"')
+    horovod = script.index('from_s3 "$HOROVOD_WHEEL" "$WHEEL"')
+    assert script.index('"$PY" -m pip install -q "$TORCH_SPEC"') < project < requirement < horovod
+    assert values_in_bash(join_script(spec(project="transientvod==0.1.0")))["PROJECT"] == "transientvod==0.1.0"
+
+
+def test_without_a_horovod_wheel_the_installed_package_builds_it():
     script = join_script(spec(horovod_wheel=""))
     assert values_in_bash(script)["HOROVOD_WHEEL"] == ""
-    assert 'bash "$SRC/launch/install_horovod.sh"' in script
+    build = script.index('"$VENV/bin/transientvod" install-horovod')
+    assert script.index('"$PY" -m pip install -q "$PROJECT_WHEEL"') < build
 
 
 def test_the_script_fits_ec2s_limit_and_a_longer_one_is_one_sentence():
@@ -80,8 +93,11 @@ def test_the_script_fits_ec2s_limit_and_a_longer_one_is_one_sentence():
     ({"venv": ".venv"}, "the worker venv '.venv' must be an absolute path (the launcher's venv)."),
     ({"horovod_wheel": "https://example.org/horovod.whl"},
      "the Horovod wheel 'https://example.org/horovod.whl' must be an s3://bucket/key.whl URL"),
-    ({"horovod_wheel": "", "project": "transientvod==0.1.0"},
-     "without --horovod-wheel the worker builds Horovod with the project's launch/install_horovod.sh"),
+    ({"project": "s3://my-bucket/transientvod.tar.gz"},
+     "the transientvod wheel 's3://my-bucket/transientvod.tar.gz' must be an s3://bucket/key.whl URL"),
+    ({"project": "git+https://example.org/transientvod.git@v0.1.0"},
+     "--project-spec 'git+https://example.org/transientvod.git@v0.1.0' is a git source, but workers install "
+     "transientvod as a wheel; give the s3:// URL"),
 ])
 def test_bad_input_is_one_sentence(changes, message):
     with pytest.raises(UserDataError) as error:

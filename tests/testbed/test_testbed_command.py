@@ -50,7 +50,8 @@ def one_sentence(done: subprocess.CompletedProcess) -> str:
     (["up", "--private-disk", "/"], "--private-disk / would hide this machine's whole disk from the hosts; give a"),
     (["up", "--private-disk", __file__], f"--private-disk {__file__} is not a directory; give a directory"),
     (["up", "--private-disk", "/run"], "--private-disk /run holds the testbed's state directory (/run/transientvod)"),
-    (["up", "--private-disk", str(REPO.parent)], f"holds the project checkout ({REPO}), which the hosts need; give a"),
+    (["up", "--private-disk", str(REPO.parent)],
+     f"holds the package transientvod ({REPO / 'transientvod'}), which the hosts need; give a"),
 ])
 def test_bad_input_is_one_sentence(args, says):
     name = new_testbed_name()

@@ -18,7 +18,8 @@ ALLOWED = {
     "store": {"transientvod.config"},
     "sender": {STORE},
     "figure": {NAMES},
-    "run": {"transientvod.config", NAMES, STORE, "transientvod.tracking.sender", "transientvod.tracking.figure"},
+    "run": {"transientvod.config", NAMES, STORE, "transientvod.tracking.sender", "transientvod.tracking.figure",
+            "transientvod.version"},
     "compare": {"transientvod.config", NAMES, STORE},
     "head_server": {STORE},
 }

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-import sysconfig
+from importlib import resources
 from pathlib import Path
 
 import torch
@@ -41,20 +41,12 @@ _BUILD_HINT = ("build transientvod._C (TRANSIENTVOD_BUILD_CUDA=1 pip install -e 
 
 
 def kernel_source_path() -> Path:
-    """compress.cuh: in the checkout (editable installs), or where setup.py's data_files put it."""
-    relative = Path("csrc", "cuda", "compress.cuh")
-    candidates = [Path(__file__).resolve().parents[2] / relative]
-    for scheme in (None, f"{os.name}_user"):
-        try:
-            data = sysconfig.get_path("data", scheme) if scheme else sysconfig.get_path("data")
-        except KeyError:
-            continue
-        candidates.append(Path(data, "share", "transientvod") / relative)
-    for path in candidates:
-        if path.is_file():
-            return path
-    raise FileNotFoundError(f"compress.cuh is in none of {', '.join(map(str, candidates))}; "
-                            "reinstall transientvod")
+    """compress.cuh, shipped in the package as transientvod.csrc (csrc/ of a checkout, mapped
+    into the package by setup.py; pip installs a package as plain files, so this is a path)."""
+    path = Path(str(resources.files("transientvod.csrc") / "cuda" / "compress.cuh"))
+    if not path.is_file():
+        raise FileNotFoundError(f"compress.cuh is missing from {path.parent}; reinstall transientvod.")
+    return path
 
 
 def available() -> tuple[bool, str]:

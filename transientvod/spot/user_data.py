@@ -14,9 +14,13 @@ idempotent (a rebooted instance runs it again; a venv that already has everythin
 alone, which is also how an image with the project baked in boots in seconds), and logs to
 /var/log/transientvod-join.log as well as to cloud-init's output.
 
-Horovod comes from the `s3://` URL of a wheel the user built once (launch/install_horovod.sh
-caches it) and uploaded, read with the instance profile's credentials; without one, the
-worker builds it from the project's git source, which takes minutes on every boot.
+transientvod comes as its wheel (`pip wheel --no-deps .` in a checkout, or `python -m build`):
+from the `s3://` URL it was uploaded to, read with the instance profile's credentials, or as
+any requirement pip resolves (transientvod==0.1.0 from an index, an https:// URL of the wheel).
+No git checkout: everything the worker runs ships in the wheel. Horovod comes likewise from the
+`s3://` URL of the wheel the user built once (`transientvod install-horovod` caches it) and
+uploaded; without one, the worker builds it with the installed package's `transientvod
+install-horovod`, which takes minutes on every boot.
 
 EC2 takes at most 16 KB of user data (before base64); a script over that is one sentence.
 No AWS calls here and no torch: this module only writes text.
@@ -34,6 +38,7 @@ JOIN_LOG = "/var/log/transientvod-join.log"
 KEY_PATTERN = re.compile(r"^(ssh-(ed25519|rsa|dss)|ecdsa-sha2-nistp\d+|sk-\S+@openssh\.com) [A-Za-z0-9+/=]+( .*)?$")
 USER_PATTERN = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 WHEEL_URL = re.compile(r"^s3://[^/]+/.+\.whl$")
+S3 = "s3://"
 GIT_SOURCE = "git+"  # pip's prefix for a VCS requirement: git+https://host/repo.git[@ref]
 
 
@@ -48,8 +53,8 @@ class JoinSpec:
     public_key: str  # one line of an OpenSSH .pub file: the launcher's key
     ssh_user: str  # the user horovodrun logs in as (the launcher's own name unless ssh_config says otherwise)
     venv: str  # where the launcher's Python lives: horovodrun runs that same path on every host
-    project: str = ""  # pip requirement of transientvod (git+URL, sdist URL, name); "" = the image has it
-    horovod_wheel: str = ""  # s3://bucket/key.whl of the patched Horovod wheel; "" = build it
+    project: str = ""  # transientvod: s3://bucket/key.whl of its wheel, or a pip requirement; "" = the image has it
+    horovod_wheel: str = ""  # s3://bucket/key.whl of the patched Horovod wheel; "" = build it at boot
     torch: str = "torch"  # pip requirement of torch: the version the wheel was built against
     region: str = ""  # for the S3 download (the instance's own region)
     python_version: str = f"{sys.version_info[0]}.{sys.version_info[1]}"  # the launcher's: the wheel's ABI
@@ -70,13 +75,16 @@ class JoinSpec:
             raise UserDataError(f"the worker venv {self.venv!r} must be an absolute path (the launcher's venv).")
         if self.horovod_wheel and not WHEEL_URL.match(self.horovod_wheel):
             raise UserDataError(f"the Horovod wheel {self.horovod_wheel!r} must be an s3://bucket/key.whl URL "
-                                "(upload the wheel launch/install_horovod.sh built and cached).")
+                                "(upload the wheel 'transientvod install-horovod' built and cached).")
         if not re.fullmatch(r"3\.\d+", self.python_version):
             raise UserDataError(f"the Python version {self.python_version!r} must look like 3.11.")
-        if self.project and not self.horovod_wheel and not self.project.startswith(GIT_SOURCE):
-            raise UserDataError("without --horovod-wheel the worker builds Horovod with the project's "
-                                "launch/install_horovod.sh, which only a git source has; give --project-spec "
-                                "git+https://... or an s3:// Horovod wheel.")
+        if self.project.startswith(S3) and not WHEEL_URL.match(self.project):
+            raise UserDataError(f"the transientvod wheel {self.project!r} must be an s3://bucket/key.whl URL "
+                                "(upload the wheel 'pip wheel --no-deps .' built in a checkout).")
+        if self.project.startswith(GIT_SOURCE):
+            raise UserDataError(f"--project-spec {self.project!r} is a git source, but workers install "
+                                "transientvod as a wheel; give the s3:// URL of the wheel 'pip wheel --no-deps .' "
+                                "built, or a requirement an index serves (transientvod==VERSION).")
 
 
 def read_public_key(path: str | Path) -> str:
@@ -130,6 +138,19 @@ packages() {  # install OS packages with whichever manager the image has
     else die "no apt-get, dnf or yum to install $*"; fi
   fi
 }
+from_s3() {  # from_s3 s3://BUCKET/KEY FILE, with the instance profile's credentials
+  say "downloading $1 (the instance profile's credentials)"
+  if command -v aws >/dev/null; then
+    aws s3 cp ${REGION:+--region "$REGION"} "$1" "$2"
+  else
+    "$PY" -m pip install -q boto3
+    "$PY" - "$1" "$2" "$REGION" <<'PYTHON'
+import sys, boto3
+bucket, key = sys.argv[1][len("s3://"):].split("/", 1)
+boto3.client("s3", region_name=sys.argv[3] or None).download_file(bucket, key, sys.argv[2])
+PYTHON
+  fi
+}
 say "joining as $SSH_USER on $(hostname), Python at $VENV"
 
 # 1. The user horovodrun logs in as.
@@ -149,37 +170,25 @@ else
   BASE=$(command -v "python$PYTHON_VERSION" || command -v python3)
   [ "$("$BASE" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" = "$PYTHON_VERSION" ] \
     || die "the image has no Python $PYTHON_VERSION (the launcher's); its python3 is $("$BASE" -V 2>&1)"
-  command -v git >/dev/null || packages git
   [ -x "$PY" ] || "$BASE" -m venv "$VENV"
   "$PY" -m pip install -q --upgrade pip
   "$PY" -m pip install -q "$TORCH_SPEC"
-  SRC=/opt/transientvod/src
-  if [[ "$PROJECT" == git+* ]]; then  # a clone: the project, and its Horovod build script
-    URL=${PROJECT#git+}; REF=""
-    if [[ "$URL" =~ ^(.+\.git|[^@]+//[^@]+)@([^@/]+)$ ]]; then URL=${BASH_REMATCH[1]}; REF=${BASH_REMATCH[2]}; fi
-    rm -rf "$SRC" && git clone -q "$URL" "$SRC"
-    [ -z "$REF" ] || git -C "$SRC" checkout -q "$REF"
+  mkdir -p /opt/transientvod
+  if [[ "$PROJECT" == s3://* ]]; then  # the wheel, kept under its own name: pip reads what it is from the name
+    PROJECT_WHEEL="/opt/transientvod/$(basename "$PROJECT")"
+    from_s3 "$PROJECT" "$PROJECT_WHEEL"
+    "$PY" -m pip install -q "$PROJECT_WHEEL"
+  else
+    "$PY" -m pip install -q "$PROJECT"
   fi
   if [ -n "$HOROVOD_WHEEL" ]; then
     WHEEL="/opt/transientvod/$(basename "$HOROVOD_WHEEL")"
-    mkdir -p /opt/transientvod
-    say "downloading $HOROVOD_WHEEL (the instance profile's credentials)"
-    if command -v aws >/dev/null; then
-      aws s3 cp ${REGION:+--region "$REGION"} "$HOROVOD_WHEEL" "$WHEEL"
-    else
-      "$PY" -m pip install -q boto3
-      "$PY" - "$HOROVOD_WHEEL" "$WHEEL" "$REGION" <<'PYTHON'
-import sys, boto3
-bucket, key = sys.argv[1][len("s3://"):].split("/", 1)
-boto3.client("s3", region_name=sys.argv[3] or None).download_file(bucket, key, sys.argv[2])
-PYTHON
-    fi
+    from_s3 "$HOROVOD_WHEEL" "$WHEEL"
     "$PY" -m pip install -q "$WHEEL"
   else
     say "no Horovod wheel given: building it (minutes)"
-    TRANSIENTVOD_CACHE=/opt/transientvod/cache PYTHON="$PY" bash "$SRC/launch/install_horovod.sh"
+    TRANSIENTVOD_CACHE=/opt/transientvod/cache "$VENV/bin/transientvod" install-horovod
   fi
-  if [[ "$PROJECT" == git+* ]]; then "$PY" -m pip install -q "$SRC"; else "$PY" -m pip install -q "$PROJECT"; fi
   chown -R "$SSH_USER:$GROUP" "$VENV"
   say "installed: $("$PY" -c 'import torch, horovod; print("torch", torch.__version__, "horovod", horovod.__version__)')"
 fi

@@ -11,20 +11,24 @@ own mount table, and a restored host starts with an empty DIR, as a new VM has a
 from __future__ import annotations
 
 import sys
+from importlib import resources
 from pathlib import Path
 
 from transientvod.testbed import TestbedError
 from transientvod.testbed.record import RUN_ROOT
 from transientvod.testbed.sshd import SSHD
 
-REPO = Path(__file__).resolve().parents[2]
+# transientvod and the folders setup.py maps into it: inside the package in a wheel, but in the
+# checkout (launch/, configs/, csrc/) in an editable install; the hosts need all of them.
+PACKAGES = ("transientvod", "transientvod.launch", "transientvod.configs", "transientvod.csrc")
 
 
 def prepare(directories: list[str] | tuple[str, ...]) -> list[str]:
     """Each DIR made absolute, checked and created; TestbedError (one sentence) for one the hosts
     could not have as their own."""
     # What a host needs from this machine's disk to run the job; a private DIR must not hide it.
-    needed = {"the testbed's state directory": RUN_ROOT, "the project checkout": REPO,
+    needed = {"the testbed's state directory": RUN_ROOT,
+              **{f"the package {name}": Path(str(resources.files(name))) for name in PACKAGES},
               "the Python environment": Path(sys.prefix), "sshd": Path(SSHD)}
     prepared = []
     for given in directories:

@@ -15,8 +15,7 @@ import yaml
 from transientvod.testbed import sshd
 from transientvod.testbed.record import Record
 
-REPO = Path(__file__).resolve().parents[2]
-TESTBED_HOSTS = REPO / "launch" / "testbed_hosts.py"
+TESTBED_HOSTS_MODULE = "transientvod.launch.testbed_hosts"  # launch/testbed_hosts.py, shipped in the package
 
 
 class RehearsalError(RuntimeError):
@@ -35,15 +34,15 @@ class Rehearsal:
 
     def cloud_hosts(self, lag_seconds: float = 5.0) -> str:
         """Discovery as a cloud's API answers it: the hosts that are up, `lag_seconds` late."""
-        return f"{sys.executable} {TESTBED_HOSTS} --name {self.record.name} --lag {lag_seconds:g}"
+        return f"{sys.executable} -m {TESTBED_HOSTS_MODULE} --name {self.record.name} --lag {lag_seconds:g}"
 
     def start(self, discovery: str | None, env: dict | None = None) -> None:
         argv = [sys.executable, "-m", "transientvod.cli", "train", "--config", str(self.config_path)]
         argv += ["--discovery", discovery] if discovery else []
         # Its own session, so that a hung job can be killed with every process it started here.
         with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(sshd.exec_argv(self.record.layout.head, argv), cwd=REPO, stdout=log,
-                                         stderr=subprocess.STDOUT, env=env or dict(os.environ),
+            self.proc = subprocess.Popen(sshd.exec_argv(self.record.layout.head, argv), cwd=self.config_path.parent,
+                                         stdout=log, stderr=subprocess.STDOUT, env=env or dict(os.environ),
                                          start_new_session=True)
 
     def wait(self, timeout: float) -> int:

@@ -21,7 +21,8 @@ PARAM_BATCH_SIZE = "batch_size"
 # Tags.
 TAG_PROVIDER = "transientvod.provider"  # none | trace | aws
 TAG_TRACE = "transientvod.trace"  # the replayed trace file and run, or ""
-TAG_GIT_COMMIT = "transientvod.git_commit"
+TAG_GIT_COMMIT = "transientvod.git_commit"  # the checkout's commit, or "unknown" (an installed wheel)
+TAG_VERSION = "transientvod.version"  # transientvod.version.__version__
 TAG_CONFIGURATION = "transientvod.configuration"  # a short label: "1-2 x k80 spot, s=0 none"
 
 # Metrics by step.

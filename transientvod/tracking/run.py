@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import time
+from importlib import resources
 from pathlib import Path
 
 import yaml
@@ -25,10 +26,9 @@ from transientvod.config import Config, to_yaml
 from transientvod.tracking.figure import log_figure
 from transientvod.tracking.sender import UNSENT_FILE, resend_unsent
 from transientvod.tracking.store import artifact_location, check_writable, client, redacted, store_uri, unreachable
+from transientvod.version import __version__
 
 log = logging.getLogger(__name__)
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def tracking_uri(config: Config) -> str:
@@ -69,10 +69,17 @@ def run_params(config: Config) -> dict[str, str]:
 
 
 def git_commit() -> str:
-    """The project's commit, when it runs from a git checkout; 'unknown' otherwise."""
+    """transientvod's commit when the package runs from a git checkout of it (an editable
+    install); 'unknown' for an installed wheel, which the version tag names. A repository the
+    installed package merely sits in (a user's project with its venv inside) does not count:
+    git must track the package's own files."""
+    package = str(resources.files("transientvod"))
     try:
-        done = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=10)
+        tracked = subprocess.run(["git", "-C", package, "ls-files", "--error-unmatch", "__init__.py"],
+                                 capture_output=True, text=True, timeout=10)
+        if tracked.returncode != 0:
+            return "unknown"
+        done = subprocess.run(["git", "-C", package, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return done.stdout.strip() if done.returncode == 0 else "unknown"
@@ -86,6 +93,7 @@ def run_tags(config: Config) -> dict[str, str]:
         names.TAG_PROVIDER: config.spot.provider,
         names.TAG_TRACE: trace,
         names.TAG_GIT_COMMIT: git_commit(),
+        names.TAG_VERSION: __version__,
         names.TAG_CONFIGURATION: configuration_label(config),
     }
 
