@@ -44,7 +44,7 @@ from transientvod.config.schema import ModelConfig, OptimizerConfig  # noqa: E40
 from transientvod.data import load_digits_dataset  # noqa: E402
 from transientvod.elastic import LearningRateRule, StalenessRule  # noqa: E402
 from transientvod.models import build_model  # noqa: E402
-from transientvod.train import count_correct  # noqa: E402
+from transientvod.evaluation import count_correct  # noqa: E402
 
 VARIANTS = ("sync", "rule", "tail", "dc", "lrx2", "m=0.5")
 WORKERS, BATCH = 4, 16  # benchmarks/exchange.py's job

@@ -12,7 +12,7 @@ from transientvod.checkpoint import LocalCheckpointStore
 from transientvod.config import config_from_yaml
 from transientvod.data import load_dataset
 from transientvod.models import build_model
-from transientvod.train import count_correct, evaluation_slice
+from transientvod.evaluation import count_correct, evaluation_slice
 
 # -- sharded evaluation -------------------------------------------------------------------------
 

@@ -24,13 +24,14 @@ import json
 import time
 
 import torch
+from torch.utils.data import TensorDataset
 
 import horovod.torch as hvd
 
 from transientvod.data import Dataset
 from transientvod.elastic import CommitPolicy, LearningRateRule, ShardSampler, TransientState
 from transientvod.horovod_wait import broadcast_parameters, wait, wait_for_distributed_optimizer
-from transientvod.train import count_correct, evaluate
+from transientvod.evaluation import count_correct, evaluate
 
 LATE_SECONDS = 2.0
 
@@ -95,7 +96,9 @@ def main() -> None:
     if hvd.rank() == 0:
         report["rank0_alone"] = count_correct(net, images, labels, torch.device("cpu")) / len(labels)
     late()
-    report["accuracy"], report["evaluate_cpu"] = timed(lambda: evaluate(net, data, torch.device("cpu")))
+    test_set = TensorDataset(data.test_x, data.test_y)
+    report["accuracy"], report["evaluate_cpu"] = timed(
+        lambda: evaluate(net, test_set, torch.device("cpu"))["test_accuracy"])
 
     state = {"b": torch.full((1000,), float(hvd.rank() + 1)), "a": torch.arange(3) * (hvd.rank() + 1)}
     late()

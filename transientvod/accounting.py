@@ -102,16 +102,18 @@ class JobAccounting:
     def on_log(self, state: TransientState, row: dict) -> None:
         """Adds the cost so far to the metrics row and sends it to MLflow."""
         bill = self._cost_into(row)
-        self._send(state, {names.METRIC_LOSS: row["loss"], names.METRIC_THROUGHPUT: row["samples_per_s"],
-                           names.METRIC_WORKERS: row["world_size"], names.METRIC_COST: bill.cost_usd,
+        # A library-mode script's progress rows have no loss or throughput (the loop is the script's).
+        measured = {metric: row[key] for metric, key in ((names.METRIC_LOSS, "loss"),
+                                                         (names.METRIC_THROUGHPUT, "samples_per_s")) if key in row}
+        self._send(state, {**measured, names.METRIC_WORKERS: row["world_size"], names.METRIC_COST: bill.cost_usd,
                            names.METRIC_ON_DEMAND_COST: bill.on_demand_usd,
                            names.METRIC_REVOCATIONS: state.revocations, names.METRIC_STEPS_LOST: state.steps_lost})
 
     def on_eval(self, state: TransientState, row: dict) -> None:
         # Cost at the same step as the accuracy: the cost-versus-accuracy figure pairs them by step.
         bill = self._cost_into(row)
-        self._send(state, {names.METRIC_ACCURACY: row["test_accuracy"], names.METRIC_COST: bill.cost_usd,
-                           names.METRIC_ON_DEMAND_COST: bill.on_demand_usd})
+        scores = {name: value for name, value in row.items() if name.startswith("test_")}
+        self._send(state, {**scores, names.METRIC_COST: bill.cost_usd, names.METRIC_ON_DEMAND_COST: bill.on_demand_usd})
 
     def _cost_into(self, row: dict):
         bill = self.bill.bill(time.time())
@@ -144,7 +146,7 @@ class JobAccounting:
         now = time.time()
         bill = self.bill.finish(now)
         state.cost_ledger = self.bill.ledger()
-        accuracy = summary["test_accuracy"]
+        accuracy = summary.get("test_accuracy", 0.0)  # a task may score itself otherwise (test_metrics)
         summary["cost"] = {
             "cost_usd": round(bill.cost_usd, 6),
             "on_demand_usd": round(bill.on_demand_usd, 6),
@@ -154,8 +156,8 @@ class JobAccounting:
             "servers": [{"host": line.host, "instance_type": line.instance_type, "market": line.market,
                          "billed_seconds": line.billed_seconds, "usd": round(line.usd, 6)} for line in bill.lines],
         }
-        self._send(state, {names.METRIC_ACCURACY: accuracy, names.METRIC_COST: bill.cost_usd,
-                           names.METRIC_ON_DEMAND_COST: bill.on_demand_usd,
+        scores = summary.get("test_metrics", {names.METRIC_ACCURACY: accuracy})
+        self._send(state, {**scores, names.METRIC_COST: bill.cost_usd, names.METRIC_ON_DEMAND_COST: bill.on_demand_usd,
                            names.METRIC_REVOCATIONS: state.revocations, names.METRIC_STEPS_LOST: state.steps_lost})
         if self.sender is not None:
             self.sender.close()

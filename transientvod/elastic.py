@@ -177,9 +177,14 @@ class StalenessRule:
         return self.staleness if step >= self.stale_from_step else 0
 
     def momentum_at(self, step: int) -> float:
+        return self.momentum_for(self.momentum, step)
+
+    def momentum_for(self, momentum: float, step: int) -> float:
+        """An optimizer's `momentum` (SGD's, RMSprop's) at `step`. Adam-family optimizers have
+        none and keep their betas: only the learning rate's /(1 + s) (stale_lr) touches them."""
         if not self.stale_momentum or self.delay(step) == 0:
-            return self.momentum
-        return max(0.0, self.momentum - self.staleness / (self.staleness + 1))
+            return momentum
+        return max(0.0, momentum - self.staleness / (self.staleness + 1))
 
 
 @dataclass(frozen=True)
@@ -340,6 +345,27 @@ PROGRESS = ("epoch", "step", "world_sizes", "revocations", "steps_lost", "lr_ram
             "started_at", "cost_ledger", "ledger_saved_at", "mlflow_run_id")
 
 
+def check_same_model(model: torch.nn.Module) -> None:
+    """Every rank built the same parameters (names and shapes), or TaskError on every rank.
+
+    Horovod's sync would broadcast rank 0's parameters into tensors of other shapes: an
+    error inside the ring, which elastic mode takes for a lost peer and retries without end.
+    One allgather of each rank's list, before the sync, on every (re)start of the ring.
+    """
+    from transientvod.tasks import TaskError
+
+    layout = [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+    layouts = hvd.allgather_object(layout, name="transientvod.model.layout")
+    for rank, other in enumerate(layouts):
+        if other == layouts[0]:
+            continue
+        differ = next(((a, b) for a, b in zip(layouts[0], other) if a != b), None)
+        what = (f"its parameter {differ[1][0]} has shape {differ[1][1]} where rank 0's {differ[0][0]} has "
+                f"{differ[0][1]}" if differ else f"it has {len(other)} parameters where rank 0 has {len(layouts[0])}")
+        raise TaskError(f"rank {rank} built a different model from rank 0's ({what}); build_model must build "
+                        "the same model on every rank (the same config, no rank- or host-dependent choices).")
+
+
 class TransientState(TorchState):
     """`hvd.elastic.TorchState` plus what a transient cluster needs to account for.
 
@@ -350,7 +376,9 @@ class TransientState(TorchState):
     meter's state, see billing/job.py), `ledger_saved_at` and `mlflow_run_id`.
     """
 
-    def __init__(self, model, optimizer, sampler, lr_rule: LearningRateRule, policy: CommitPolicy, **kwargs):
+    def __init__(self, model, optimizer, sampler, lr_rule: LearningRateRule | None, policy: CommitPolicy, **kwargs):
+        # `sampler` None: the data is the loop's own business (a library-mode script may have
+        # no ElasticSampler). `lr_rule` None: the loop sets its own learning rate.
         super().__init__(model=model, optimizer=optimizer, sampler=sampler, epoch=0, step=0,
                          world_sizes=[], revocations=0, steps_lost=0, lr_ramp=(1.0, 1.0, 0),
                          started_at=0.0, cost_ledger={}, ledger_saved_at=0.0, mlflow_run_id="", **kwargs)
@@ -364,6 +392,7 @@ class TransientState(TorchState):
         self.register_reset_callbacks([self._follow_active_workers])
 
     def sync(self):
+        check_same_model(self.model)
         super().sync()
         # Horovod's broadcast_optimizer_state gives a *new* worker's empty optimizer its state
         # by taking one step with zero gradients, after the model was broadcast; with weight
@@ -408,10 +437,12 @@ class TransientState(TorchState):
             self.revocations += 1
         self.steps_lost += self._lost_now
         if size != previous:
-            self.lr_ramp = self.lr_rule.resize_ramp(self.lr_ramp, size, self.step)
+            if self.lr_rule is not None:
+                self.lr_ramp = self.lr_rule.resize_ramp(self.lr_ramp, size, self.step)
             self.world_sizes = self.world_sizes + [size]
         # Re-shard now: after a removal-only update Horovod skips the sync that would do it.
-        self.sampler.reset()
+        if self.sampler is not None:
+            self.sampler.reset()
         # Commit the bookkeeping: Horovod's sync (which follows unless only hosts left)
         # broadcasts the *committed* values, which would undo what we just recorded. The rest
         # of the state is already the last commit (restored, or saved just before the interrupt).
@@ -419,20 +450,21 @@ class TransientState(TorchState):
         took = time.monotonic() - self._interrupted_at if self._interrupted_at else 0.0
         if hvd.rank() == 0:
             cause = "a worker failed" if self._worker_failed else "hosts changed"
-            log.info("recovered (%s): world size %d -> %d at step %d; lost %d steps; took %.1f s; "
-                     "lr now %.5f", cause, previous, size, self.step, self._lost_now, took,
-                     self.lr_rule.lr(self.lr_ramp, self.step))
+            lr = f"; lr now {self.lr_rule.lr(self.lr_ramp, self.step):.5f}" if self.lr_rule is not None else ""
+            log.info("recovered (%s): world size %d -> %d at step %d; lost %d steps; took %.1f s%s",
+                     cause, previous, size, self.step, self._lost_now, took, lr)
         self._interrupted_at = None
         self._lost_now = 0
         self._worker_failed = False
 
     def begin(self, resumed: bool) -> None:
         """Set the first world size and ramp, unless a checkpoint or sync already did."""
+        rule = self.lr_rule
         if not self.world_sizes:
             self.world_sizes = [hvd.size()]
-            self.lr_ramp = self.lr_rule.start_ramp(hvd.size(), self.step)
+            self.lr_ramp = rule.start_ramp(hvd.size(), self.step) if rule is not None else self.lr_ramp
         elif resumed and self.world_sizes[-1] != hvd.size():
-            self.lr_ramp = self.lr_rule.resize_ramp(self.lr_ramp, hvd.size(), self.step)
+            self.lr_ramp = rule.resize_ramp(self.lr_ramp, hvd.size(), self.step) if rule is not None else self.lr_ramp
             self.world_sizes = self.world_sizes + [hvd.size()]
         self.save()
 
@@ -445,14 +477,15 @@ class TransientState(TorchState):
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "sampler": self.sampler.state_dict(),
+            "sampler": self.sampler.state_dict() if self.sampler is not None else None,
             "progress": {name: getattr(self, name) for name in PROGRESS},
         }
 
     def load_checkpoint_payload(self, payload: dict) -> None:
         self.model.load_state_dict(payload["model"])
         self.optimizer.load_state_dict(payload["optimizer"])
-        self.sampler.load_state_dict(payload["sampler"])
+        if self.sampler is not None and payload["sampler"] is not None:
+            self.sampler.load_state_dict(payload["sampler"])
         for name, value in payload["progress"].items():
             setattr(self, name, value)
         self.save()  # the checkpoint is now what a rollback returns to

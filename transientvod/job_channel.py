@@ -34,7 +34,10 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-RECORD_NAMES = frozenset({"metrics.jsonl", "events.jsonl", "mlflow-unsent.jsonl"})
+# What a rank writes when the task's own code raised: the launcher prints it and stops the job.
+TASK_ERRORS = "task-errors.jsonl"
+LAUNCHER_ENV = "TRANSIENTVOD_LAUNCHER"  # set for the launcher's workers: it prints a task's traceback, once
+RECORD_NAMES = frozenset({"metrics.jsonl", "events.jsonl", "mlflow-unsent.jsonl", TASK_ERRORS})
 SUMMARY_NAME = "summary.json"
 CONFIG_PATH = "/config.yaml"
 TOKEN_HEADER = "X-Transientvod-Token"

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transientvod.config import Config, write_resolved
+from transientvod.job_channel import LAUNCHER_ENV, TASK_ERRORS
 from transientvod.worker_env import worker_environment
 
 HOST_LINE = re.compile(r"^[^\s:]+:\d+$")
@@ -109,10 +110,15 @@ def prepare(config: Config, discovery: str | None = None) -> Prepared:
         check_checkpoint_reach(config, remote)
     except RemoteHostsError as e:
         raise LaunchError(str(e)) from None
-    # Load the data once here: a missing directory or a broken file is reported now, not by
-    # every worker at once. (Imported late: torch is slow to import and not needed above.)
-    from transientvod.data import load_dataset
-    load_dataset(config.data, seed=config.train.seed)
+    # The task (the built-in one too) imported, its data and model built once here: a missing
+    # file or a broken function is reported now, not by every worker at once. (Imported late:
+    # torch is slow to import and not needed above.)
+    from transientvod.tasks import TaskError
+    from transientvod.tasks.check import check_task
+    try:
+        check_task(config)
+    except TaskError as e:
+        raise LaunchError(str(e)) from None
     check_prices(config)
     config.cluster.discovery_script = discovery
     if config.tracking.enabled:
@@ -251,7 +257,10 @@ def run_job(config: Config, discovery: str | None = None) -> JobResult:
             argv = horovodrun_command(config, worker_config, prepared.discovery)
             print(f"transientvod: starting {' '.join(shlex.quote(a) for a in argv)}", flush=True)
             started = time.monotonic()
-            returncode, timed_out = run_horovodrun(argv, services.worker_env if services else {})
+            task_errors = config.run_dir / TASK_ERRORS
+            task_errors.unlink(missing_ok=True)
+            returncode, timed_out = run_horovodrun(argv, {**(services.worker_env if services else {}),
+                                                          LAUNCHER_ENV: "1"}, task_errors)
             wall = time.monotonic() - started
     finally:
         if stop_watcher is not None:
@@ -266,7 +275,9 @@ def run_job(config: Config, discovery: str | None = None) -> JobResult:
         returncode = 0
     why = ""
     c = config.cluster
-    if returncode != 0 and timed_out == INTERFACES_TIMED_OUT and not c.network_interface:
+    if timed_out == TASK_FAILED:
+        why, returncode = task_failure(task_errors), TASK_FAILED_EXIT
+    elif returncode != 0 and timed_out == INTERFACES_TIMED_OUT and not c.network_interface:
         why = (f"Horovod waited cluster.elastic_timeout ({c.elastic_timeout} s) for two hosts to find their common "
                f"network interface and fewer were up; name it in cluster.network_interface (lo for a job on this "
                f"machine alone, else the hosts' own, for example eth0 or ens5) or start when two hosts are up.")
@@ -314,24 +325,57 @@ CAPACITY_TIMEOUT = "Please check that you have enough resources to run at least"
 # hosts to probe. Its traceback names this frame before the capacity timeout's message.
 INTERFACE_PROBE = "get_common_interfaces"
 CAPACITY_TIMED_OUT, INTERFACES_TIMED_OUT = "capacity", "interfaces"
+TASK_FAILED = "task"  # a rank recorded that the task's own code raised
+TASK_FAILED_EXIT = 3  # the job's exit code then, as the worker's (train.py)
+TASK_ERROR_POLL_SECONDS = 0.5
 
 
-def run_horovodrun(argv: list[str], extra_env: dict[str, str] | None = None) -> tuple[int, str]:
+def run_horovodrun(argv: list[str], extra_env: dict[str, str] | None = None,
+                   task_errors: Path | None = None) -> tuple[int, str]:
     """Run horovodrun, passing its stderr through line by line (its driver logs there);
-    returns its exit code and what it gave up waiting for, if anything: capacity, or two hosts
-    to probe for their network interface ("" when neither), so that the launcher can say so
-    in one sentence. Its stdout goes straight to ours. It starts with the allow-listed
-    environment (worker_environment): what it has, every worker's ssh command line shows."""
+    returns its exit code and what ended it early, if anything: waiting for capacity, for two
+    hosts to probe for their network interface, or the task's own error ("" when none), so that
+    the launcher can say so in one sentence. Its stdout goes straight to ours. It starts with
+    the allow-listed environment (worker_environment): what it has, every worker's ssh command
+    line shows.
+
+    A rank whose task raised writes `task_errors` (train.report_task_failure) and exits; the
+    other ranks would roll back and go on without it, or each raise the same error and print
+    the same traceback. So the first such record stops horovodrun (its workers go with it)."""
     timed_out, probing = "", False
     env = {**worker_environment(os.environ), **(extra_env or {})}
     with subprocess.Popen(argv, stderr=subprocess.PIPE, bufsize=1, text=True, errors="replace", env=env) as proc:
+        failed = threading.Event()
+        if task_errors is not None:
+            threading.Thread(target=stop_on_task_error, args=(proc, task_errors, failed), name="task-errors",
+                             daemon=True).start()
         for line in proc.stderr:
             sys.stderr.write(line)
             probing = probing or INTERFACE_PROBE in line
             if CAPACITY_TIMEOUT in line and not timed_out:
                 timed_out = INTERFACES_TIMED_OUT if probing else CAPACITY_TIMED_OUT
         sys.stderr.flush()
-    return proc.returncode, timed_out
+    return proc.returncode, TASK_FAILED if failed.is_set() else timed_out
+
+
+def stop_on_task_error(proc: subprocess.Popen, task_errors: Path, failed: threading.Event) -> None:
+    """Stop horovodrun once a rank has recorded the task's error (SIGTERM: Horovod's process
+    wrappers end every worker of a process that ends)."""
+    while proc.poll() is None:
+        if task_errors.exists() and task_errors.stat().st_size:
+            failed.set()
+            proc.terminate()
+            return
+        time.sleep(TASK_ERROR_POLL_SECONDS)
+
+
+def task_failure(task_errors: Path) -> str:
+    """The first task error a rank recorded: its traceback printed here, once; its sentence returned."""
+    first = json.loads(task_errors.read_text().splitlines()[0])
+    if first["traceback"]:
+        print(f"transientvod: the task's traceback, from rank {first['rank']} ({first['host'] or 'this host'}):\n"
+              f"{first['traceback'].rstrip()}", file=sys.stderr, flush=True)
+    return f"{first['error']} (rank {first['rank']}); the job was stopped."
 
 
 def format_summary(summary: dict) -> str:
@@ -341,8 +385,9 @@ def format_summary(summary: dict) -> str:
         ("world sizes seen", " -> ".join(str(n) for n in summary["world_sizes_seen"])),
         ("revocations survived", summary["revocations_survived"]),
         ("steps lost", summary["steps_lost"]),
-        ("test accuracy", f"{100 * summary['test_accuracy']:.2f} %"),
     ]
+    for name, value in summary.get("test_metrics", {"test_accuracy": summary.get("test_accuracy", 0.0)}).items():
+        rows.append((name.replace("_", " "), f"{100 * value:.2f} %" if name == "test_accuracy" else f"{value:.4f}"))
     cost = summary.get("cost")
     if cost:
         rows.append(("cost", f"${cost['cost_usd']:.4f} (on-demand ${cost['on_demand_usd']:.4f}, "

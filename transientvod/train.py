@@ -35,27 +35,31 @@ import time
 import zlib
 
 import torch
-import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 import horovod.torch as hvd
-from horovod.common.exceptions import HostsUpdatedInterrupt
+from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 from transientvod.accounting import JobAccounting
+from transientvod.batches import batch_length, to_device
 from transientvod.billing.prices import PriceError
 from transientvod.bucket_tuning import BucketTuner, FixedCut, cuts
 from transientvod.checkpoint import CheckpointError, open_store
 from transientvod.checkpoint_writer import BackgroundCheckpointWriter
 from transientvod.config import Config, ConfigError, config_from_yaml, load_config, to_yaml
-from transientvod.data import DataError, Dataset, load_dataset
-from transientvod.elastic import (CommitPolicy, CommitVote, LearningRateRule, ShardSampler, StalenessRule,
-                                  TransientState, bound_collective_waits, network_address)
+from transientvod.data import DataError
+from transientvod.elastic import (CommitPolicy, CommitVote, ShardSampler, TransientState, bound_collective_waits,
+                                  network_address)
+from transientvod.evaluation import evaluate
 from transientvod.exchange import GradientExchange, SynchronousStep
-from transientvod.horovod_wait import wait
-from transientvod.job_channel import TOKEN_ENV, ChannelError, ChannelRecord, LocalRecord, fetch_config, is_channel_url
-from transientvod.models import build_model
+from transientvod.job_channel import (LAUNCHER_ENV, TASK_ERRORS, TOKEN_ENV, ChannelError, ChannelRecord,
+                                      LocalRecord, fetch_config, is_channel_url)
 from transientvod.remote_hosts import RemoteHostsError, check_marker_seen
+from transientvod.schedule import OptimizerSchedule
+from transientvod.tasks import Task, TaskError, TaskFailed, load_task
 from transientvod.tracking.store import TrackingError
+
+TASK_FAILED_EXIT = 3  # the task is wrong (TaskError) or its code raised (TaskFailed); 2: a setting to fix
 
 log = logging.getLogger("transientvod.train")
 
@@ -127,116 +131,99 @@ def parameter_checksum(model: torch.nn.Module) -> str:
     return f"{crc:08x}"
 
 
-def evaluation_slice(total: int, rank: int, size: int) -> slice:
-    """This rank's part of a split of `total` samples: contiguous, disjoint from every other
-    rank's, all of them together the whole split; sizes differ by at most one."""
-    return slice(total * rank // size, total * (rank + 1) // size)
+def build_exchange(config: Config, optimizer: torch.optim.Optimizer, model: torch.nn.Module,
+                   schedule: OptimizerSchedule):
+    """How gradients cross the ring (the stepper) and how its buckets are cut (the tuner)."""
+    ex = config.exchange
+    if ex.staleness == 0 and ex.codec == "none":
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        return optimizer, SynchronousStep(optimizer), FixedCut()
+    stepper = GradientExchange(optimizer, model.parameters(), staleness=ex.staleness, codec=ex.codec,
+                               block=ex.block, min_compress_elements=ex.min_compress_elements,
+                               bucket_elements=ex.bucket_elements,
+                               compress_from_step=int(ex.compress_after * config.train.steps),
+                               stale_from_step=schedule.staleness_rule.stale_from_step)
+    # Unless the config sets the bucket size, each ring times the cuts and keeps the faster.
+    sizes = cuts(stepper.params, ex.staleness)
+    tuned_from = max(stepper.compress_from_step, stepper.stale_from_step)  # compressed and stale from here
+    tuner = (FixedCut() if ex.bucket_elements is not None or len(sizes) == 1 else
+             BucketTuner(stepper, sizes, tuned_from, config.train.steps))
+    if hvd.rank() == 0:
+        log.info("gradient exchange: codec %s, staleness %d, %d bucket(s) of %s elements%s", ex.codec,
+                 ex.staleness, len(stepper.buckets), ", ".join(f"{b.grad.numel():,}" for b in stepper.buckets),
+                 "" if isinstance(tuner, FixedCut) else "; each ring times the other cut too and keeps the faster")
+    return optimizer, stepper, tuner
 
 
-@torch.no_grad()
-def count_correct(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device,
-                  batch_size: int = 512) -> int:
-    """How many of `x` the model classifies as `y`, in eval mode (BatchNorm's running statistics)."""
-    was_training = model.training
-    model.eval()
-    correct = 0
-    for start in range(0, len(y), batch_size):
-        predicted = model(x[start:start + batch_size].to(device)).argmax(dim=1)
-        correct += (predicted == y[start:start + batch_size].to(device)).sum().item()
-    model.train(was_training)
-    return correct
+def task_code(what: str, task: Task):
+    """Run the task's own code: anything it raises (but Horovod's two recoveries) stops the
+    job as TaskFailed, with the task's traceback."""
+    return _TaskCode(what, task)
 
 
-def share_buffers(model: torch.nn.Module) -> None:
-    """Give every rank rank 0's buffers (BatchNorm's running statistics), one broadcast per dtype.
+class _TaskCode:
+    __slots__ = ("what", "task")
 
-    Training never averages them: each rank's follow its own batches, and eval mode uses them.
-    Without this, ranks evaluating slices would score different models. Rank 0's are the ones
-    the checkpoints keep, so the sharded accuracy is the accuracy of the checkpointed model
-    (PyTorch's DDP broadcasts rank 0's buffers the same way, at every forward). Training mode
-    does not read the running statistics, so this changes no rank's training.
-    """
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for buffer in model.buffers():
-        by_dtype.setdefault(buffer.dtype, []).append(buffer)
-    for dtype, buffers in sorted(by_dtype.items(), key=lambda item: str(item[0])):
-        flat = torch.cat([b.detach().reshape(-1).cpu() for b in buffers])
-        name = f"transientvod.eval.buffers.{str(dtype).split('.')[-1]}"
-        flat = wait([hvd.broadcast_async(flat, root_rank=0, name=name)])[0]
-        for buffer, part in zip(buffers, torch.split(flat, [b.numel() for b in buffers])):
-            buffer.copy_(part.view_as(buffer))
+    def __init__(self, what: str, task: Task):
+        self.what, self.task = what, task
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, tb):
+        if error is None or isinstance(error, (HorovodInternalError, HostsUpdatedInterrupt, TaskError, TaskFailed,
+                                               DataError)):
+            return False
+        if isinstance(error, Exception):
+            raise TaskFailed(self.what, self.task.source, error) from error
+        return False
 
 
-def evaluate(model: torch.nn.Module, data: Dataset, device: torch.device) -> float:
-    """Test accuracy, with every rank scoring its slice of the test split.
-
-    A collective: every rank must call it at the same step. The counts travel in one
-    allreduce, so every rank returns the same accuracy, equal to one process scoring the
-    whole split with rank 0's model. A peer lost meanwhile raises HorovodInternalError, which
-    `hvd.elastic.run` recovers from like a failure in a training step.
-    """
-    with torch.no_grad():
-        share_buffers(model)
-    part = evaluation_slice(len(data.test_y), hvd.rank(), hvd.size())
-    correct = count_correct(model, data.test_x[part], data.test_y[part], device)
-    counted = part.stop - part.start
-    # float64 holds any count up to 2^53 exactly. Ranks that score their slice sooner wait
-    # here for the slowest without spinning (horovod_wait.py).
-    totals = wait([hvd.allreduce_async(torch.tensor([correct, counted], dtype=torch.float64), op=hvd.Sum,
-                                       name="transientvod.eval.counts")])[0]
-    return totals[0].item() / totals[1].item()
+def task_batches(loader: DataLoader, task: Task):
+    """The loader's batches; an error reading the task's data set is the task's (TaskFailed)."""
+    batches = iter(loader)
+    while True:
+        with task_code("reading the training set", task):
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+        yield batch
 
 
-def train(config: Config, record=None) -> None:
-    """`record` takes the run's records (job_channel.ChannelRecord on hosts that share no disk
-    with the launcher); by default, files in the run directory."""
+def train(config: Config, record) -> None:
+    """`record` takes the run's records: files in the run directory (job_channel.LocalRecord),
+    or the launcher's channel on hosts that share no disk with it (ChannelRecord)."""
     # -- phase 1: set up ------------------------------------------------------------------
     bound_collective_waits()  # a vanished peer costs seconds, not Gloo's 30 s
+    task = load_task(config)
     hvd.init()
     device = pick_device(config)
     torch.manual_seed(config.train.seed)
-    data = load_dataset(config.data, seed=config.train.seed)
-    model = build_model(config.model, data.in_channels, data.num_classes).to(device)
-    ex = config.exchange
-    base_lr = config.optimizer.lr / (1 + ex.staleness) if ex.stale_lr else config.optimizer.lr
-    rule = LearningRateRule(base_lr, config.optimizer.lr_scaling, config.optimizer.warmup_steps,
-                            config.optimizer.schedule, config.train.steps)
-    staleness_rule = StalenessRule(ex.staleness, config.optimizer.momentum, ex.stale_momentum,
-                                   config.optimizer.warmup_steps if ex.sync_warmup else 0)
-    optimizer = torch.optim.SGD(model.parameters(), lr=base_lr, momentum=config.optimizer.momentum,
-                                weight_decay=config.optimizer.weight_decay)
-    if ex.staleness == 0 and ex.codec == "none":
-        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-        stepper = SynchronousStep(optimizer)
-        tuner = FixedCut()
-    else:
-        stepper = GradientExchange(optimizer, model.parameters(), staleness=ex.staleness, codec=ex.codec,
-                                   block=ex.block, min_compress_elements=ex.min_compress_elements,
-                                   bucket_elements=ex.bucket_elements,
-                                   compress_from_step=int(ex.compress_after * config.train.steps),
-                                   stale_from_step=staleness_rule.stale_from_step)
-        # Unless the config sets the bucket size, each ring times the cuts and keeps the faster.
-        sizes = cuts(stepper.params, ex.staleness)
-        tuned_from = max(stepper.compress_from_step, stepper.stale_from_step)  # compressed and stale from here
-        tuner = (FixedCut() if ex.bucket_elements is not None or len(sizes) == 1 else
-                 BucketTuner(stepper, sizes, tuned_from, config.train.steps))
-        if hvd.rank() == 0:
-            log.info("gradient exchange: codec %s, staleness %d, %d bucket(s) of %s elements%s", ex.codec,
-                     ex.staleness, len(stepper.buckets), ", ".join(f"{b.grad.numel():,}" for b in stepper.buckets),
-                     "" if isinstance(tuner, FixedCut) else "; each ring times the other cut too and keeps the faster")
-    train_set = TensorDataset(data.train_x, data.train_y)
+    with task_code("build_datasets", task):
+        train_set, test_set = task.build_datasets(config)
+    with task_code("build_model", task):
+        model = task.build_model(config).to(device)
+    with task_code("build_optimizer", task):
+        optimizer = task.optimizer(model, config)
+    schedule = OptimizerSchedule(optimizer, config, task.source)
+    optimizer, stepper, tuner = build_exchange(config, optimizer, model, schedule)
+    loader_workers = task.loader_workers(config)
     sampler = ShardSampler(train_set, shuffle=True, seed=config.train.seed)
     policy = CommitPolicy(config.train.commit_every, config.train.checkpoint_every, config.train.steps)
-    state = TransientState(model, optimizer, sampler, rule, policy)
+    state = TransientState(model, optimizer, sampler, schedule.lr_rule, policy)
     state.register_reset_callbacks([stepper.reset])
     commit_vote = CommitVote()
     state.register_reset_callbacks([commit_vote.reset])
     store = open_store(config.checkpoint_dir, keep_last=config.checkpoint.keep_last)
     # Rank 0 snapshots the state at a durable step; a thread writes it while the ring trains on.
     checkpoint_writer = BackgroundCheckpointWriter(store)
-    record = record or LocalRecord(config.run_dir)
     config_yaml = to_yaml(config)
     books = JobAccounting(config, record)
+
+    def scored(model: torch.nn.Module) -> dict[str, float]:
+        with task_code("evaluating", task):
+            return evaluate(model, test_set, device, task.evaluate_batch, config.data.batch_size, loader_workers)
 
     resumed = False
     if hvd.rank() == 0:
@@ -256,7 +243,7 @@ def train(config: Config, record=None) -> None:
 
     # -- phase 2: train, elastically --------------------------------------------------------
     @hvd.elastic.run
-    def run(state: TransientState) -> float:
+    def run(state: TransientState) -> dict[str, float]:
         state.policy.ring_started()
         # Here after every (re)start and sync: all ranks hold the same parameters.
         record.append("events.jsonl", {"event": "synced", "rank": hvd.rank(), "size": hvd.size(),
@@ -269,26 +256,32 @@ def train(config: Config, record=None) -> None:
         last_log = time.monotonic()
         samples_since_log = 0
         while state.step < config.train.steps:
-            loader = DataLoader(train_set, batch_size=config.data.batch_size, sampler=state.sampler)
-            for batch_index, (x, y) in enumerate(loader):
+            # Made afresh each epoch and after each reset: the sampler has re-sharded the rest
+            # of the epoch among the workers now in the ring.
+            loader = DataLoader(train_set, batch_size=config.data.batch_size, sampler=state.sampler,
+                                num_workers=loader_workers)
+            for batch_index, (inputs, target) in enumerate(task_batches(loader, task)):
                 lr = state.current_lr()
-                momentum = staleness_rule.momentum_at(state.step)
-                for group in state.optimizer.param_groups:
-                    group["lr"] = lr
-                    group["momentum"] = momentum
-                x, y = x.to(device), y.to(device)
+                momentum = schedule.apply(lr, state.step)
+                inputs, target = to_device(inputs, device), to_device(target, device)
                 stepper.zero_grad()  # the exchange's: its .grad tensors are views into its buckets
-                loss = F.cross_entropy(state.model(x), y)
-                loss.backward()
+                with task_code("a training step", task):
+                    loss = task.loss_fn(state.model(inputs), target)
+                    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                        raise TaskError(f"loss_fn in the task {task.source} returned "
+                                        f"{tuple(getattr(loss, 'shape', ())) or type(loss).__name__}, not a scalar "
+                                        "tensor; reduce it to one number (for example with .mean()).")
+                    loss.backward()
                 stepper.step(state.step)
                 if straggle is not None:
                     straggle()
-                state.sampler.record_batch(batch_index, len(y))
+                samples = batch_length(target)
+                state.sampler.record_batch(batch_index, samples)
                 state.step += 1
                 tuner.after_step(state.step)  # may drain and cut the buckets afresh, on every rank
                 if state.step >= config.train.steps:
                     stepper.drain()  # the last s steps' gradients, before the final commit
-                samples_since_log += len(y) * hvd.size()
+                samples_since_log += samples * hvd.size()
 
                 if hvd.rank() == 0 and state.step % config.train.log_every == 0:
                     now = time.monotonic()
@@ -311,10 +304,10 @@ def train(config: Config, record=None) -> None:
                              row["loss"], lr, hvd.size())
                     last_log, samples_since_log = now, 0
                 if config.train.eval_every and state.step % config.train.eval_every == 0:
-                    accuracy = evaluate(state.model, data, device)  # every rank, its slice
+                    metrics = scored(state.model)  # every rank, its slice
                     tuner.other_work()  # not a step's time
                     if hvd.rank() == 0:
-                        row = {"step": state.step, "test_accuracy": accuracy}
+                        row = {"step": state.step, **metrics}
                         books.on_eval(state, row)
                         record.append("metrics.jsonl", row)
 
@@ -344,11 +337,11 @@ def train(config: Config, record=None) -> None:
                 state.epoch += 1
                 state.sampler.set_epoch(state.epoch)
         commit_vote.finish()  # every rank has the same vote in flight, or none: no op outlives the loop
-        # The final accuracy, by every rank, inside the elastic run: a peer lost here rolls
+        # The final scores, by every rank, inside the elastic run: a peer lost here rolls
         # back to the last commit (the last step) and the survivors evaluate again.
-        return evaluate(state.model, data, device)
+        return scored(state.model)
 
-    accuracy = run(state)
+    metrics = run(state)
     if watcher is not None:
         watcher.stop()
     # Every process, not only today's rank 0: a process that was rank 0 before a reset may
@@ -362,16 +355,34 @@ def train(config: Config, record=None) -> None:
             "world_sizes_seen": state.world_sizes,
             "revocations_survived": state.revocations,
             "steps_lost": state.steps_lost,
-            "test_accuracy": accuracy,
+            **({"test_accuracy": metrics["test_accuracy"]} if "test_accuracy" in metrics else {}),
+            "test_metrics": metrics,
+            "task": task.source,
             "checkpoint": store.location,
             "parameter_checksum": parameter_checksum(state.model),
         }
         books.finish(state, summary)
-        record.append("metrics.jsonl", {"step": state.step, "test_accuracy": accuracy,
-                                        "cost_usd": summary["cost"]["cost_usd"]})
+        record.append("metrics.jsonl", {"step": state.step, **metrics, "cost_usd": summary["cost"]["cost_usd"]})
         record.write_summary(json.dumps(summary, indent=2) + "\n")
-        log.info("finished %d steps; test accuracy %.4f; cost $%.4f (on-demand $%.4f)", state.step, accuracy,
+        log.info("finished %d steps; %s; cost $%.4f (on-demand $%.4f)", state.step,
+                 ", ".join(f"{name} {value:.4f}" for name, value in metrics.items()),
                  summary["cost"]["cost_usd"], summary["cost"]["on_demand_usd"])
+
+
+def report_task_failure(record, error: TaskError | TaskFailed) -> None:
+    """The task's error, into the run's records: the launcher prints it once and stops the job,
+    where every rank printing its own would bury it (launcher.py). A TaskFailed carries the
+    traceback of the task's own code; a TaskError is one sentence."""
+    rank = hvd.rank() if hvd.is_initialized() else -1
+    details = getattr(error, "details", "")
+    record.append(TASK_ERRORS, {"rank": rank, "host": os.environ.get("HOROVOD_HOSTNAME", ""), "error": str(error),
+                                "traceback": details, "time": time.time()})
+    if hasattr(record, "flush"):
+        record.flush()  # before this process exits: the launcher stops the job on it
+    log.error("rank %d: %s", rank, error)
+    if details and not os.environ.get(LAUNCHER_ENV):
+        # Started by hand, without the launcher: nobody else will print it.
+        log.error("%s", details)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -389,7 +400,11 @@ def main(argv: list[str] | None = None) -> int:
             record = ChannelRecord(args.config.rsplit("/", 1)[0], os.environ.get(TOKEN_ENV, ""), config.run_dir)
         else:
             config = load_config(args.config)
+            record = LocalRecord(config.run_dir)
         train(config, record)
+    except (TaskError, TaskFailed) as error:
+        report_task_failure(record, error)
+        return TASK_FAILED_EXIT
     except (ChannelError, CheckpointError, ConfigError, DataError, PriceError, RemoteHostsError, TrackingError) as e:
         log.error("%s", e)
         return 2

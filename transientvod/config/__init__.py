@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from transientvod.config.load import (
     config_from_yaml,
+    is_task_file,
     load_config,
     to_dict,
     to_yaml,
@@ -58,6 +59,7 @@ from transientvod.config.schema import (
 )
 
 __all__ = [
+    "is_task_file",
     "CLOUDS",
     "CODECS",
     "CheckpointConfig",

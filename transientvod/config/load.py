@@ -30,10 +30,25 @@ def load_config(path: str | os.PathLike | None = None, overrides: typing.Sequenc
             raise ConfigError(f"config file {source} cannot be read ({e.strerror}).") from None
         raw = _parse_yaml(text, source)
     config = _build(Config, raw, source, prefix="")
+    if path is not None:
+        config.task = _task_beside(config.task, Path(path).parent)
     for item in overrides:
         _apply_override(config, item)
     validate(config, f"{source} with overrides" if overrides else source)
     return config
+
+
+def is_task_file(task: str) -> bool:
+    """A task given as a file (my_task.py, tasks/my_task.py), not as a module name."""
+    return task.endswith(".py") or "/" in task or os.sep in task
+
+
+def _task_beside(task: str, directory: Path) -> str:
+    """A relative task file is relative to the config file that names it; the resolved config
+    holds its absolute path, so that workers started anywhere find it."""
+    if is_task_file(task) and not os.path.isabs(task):
+        return str((directory / task).resolve())
+    return task
 
 
 def config_from_yaml(text: str, source: str) -> Config:
@@ -116,7 +131,9 @@ def _check_type(value, typ, key: str, source: str):
             return float(value)
         if t is str and isinstance(value, str):
             return value
-    names = " or ".join("null" if t is type(None) else t.__name__ for t in allowed)
+        if t is dict and isinstance(value, dict):
+            return value
+    names = " or ".join("null" if t is type(None) else "a mapping" if t is dict else t.__name__ for t in allowed)
     raise ConfigError(f"{source}: '{key}' must be {names}, not {value!r} ({type(value).__name__}).")
 
 
@@ -127,6 +144,14 @@ def _apply_override(config: Config, item: str) -> None:
         raise ConfigError(f"{source} must look like section.key=value, for example train.steps=200.")
     dotted, text = item.split("=", 1)
     parts = dotted.strip().split(".")
+    value = yaml.safe_load(text) if text.strip() else ""
+    if parts == ["task"]:
+        # On the command line, a relative task file is relative to where the command runs.
+        config.task = _task_beside(_check_type(value, str, "task", source), Path.cwd())
+        return
+    if len(parts) == 2 and parts[0] == "task_settings":
+        config.task_settings = {**config.task_settings, parts[1]: value}
+        return
     if len(parts) != 2:
         raise ConfigError(f"{source} must name a section and a key, for example train.steps=200.")
     section_name, key = parts
@@ -134,6 +159,5 @@ def _apply_override(config: Config, item: str) -> None:
     if section is None or not dataclasses.is_dataclass(section):
         raise ConfigError(f"{source}: unknown section '{section_name}'; known sections are "
                           f"{', '.join(f.name for f in dataclasses.fields(Config))}.")
-    value = yaml.safe_load(text) if text.strip() else ""
     rebuilt = _build(type(section), {**dataclasses.asdict(section), key: value}, source, prefix=section_name + ".")
     setattr(config, section_name, rebuilt)

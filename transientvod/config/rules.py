@@ -106,6 +106,8 @@ def validate(config: Config, source: str = "config") -> None:
         "spot.notice_seconds": config.spot.notice_seconds,
         "spot.slots": config.spot.slots,
     }
+    if config.data.loader_workers is not None:
+        non_negative["data.loader_workers"] = config.data.loader_workers
     for key, value in non_negative.items():
         if value < 0:
             fail(key, f"is {value}; it must be 0 or more.")

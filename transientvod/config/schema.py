@@ -51,6 +51,9 @@ class DataConfig:
     download: bool = False  # cifar10: fetch the official archive if root lacks it (MD5-checked)
     batch_size: int = 32  # per worker; the global batch grows with the number of workers
     synthetic_samples: int = 512
+    # DataLoader worker processes per rank, reading samples while the rank trains. null: 2 for a
+    # task's data sets (they may read from disk), 0 for the built-in ones (held in memory).
+    loader_workers: int | None = None
 
 
 @dataclass
@@ -194,6 +197,12 @@ class TrackingConfig:
 
 @dataclass
 class Config:
+    # The user's training task: a Python file (absolute, or relative to the config file) or an
+    # importable module (my_package.my_task) with build_model and build_datasets (tasks/:
+    # the contract). "" means the built-in task: the CIFAR ResNet on `data.dataset`.
+    task: str = ""
+    # The task's own settings, free-form: the task reads them as config.task_settings["key"].
+    task_settings: dict = field(default_factory=dict)
     run: RunConfig = field(default_factory=RunConfig)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
