@@ -1,0 +1,34 @@
+"""The job a library-mode script runs in: its resolved config and where its records go.
+
+`transientvod train --script my_train.py` writes the resolved config as the task loop's
+workers get it, and hands its location to the script's workers in JOB_CONFIG_ENV (a path on a
+shared disk, or the launcher's channel URL for hosts that share no disk with it; job_channel.py).
+The variable starts with TRANSIENTVOD_, so the worker environment's allow-list keeps it
+(worker_env.py). A script started by hand (`horovodrun python my_train.py`) has no launcher:
+it runs with the defaults, or with the YAML file the variable names, resolved here.
+
+No torch, no horovod: the launcher imports JOB_CONFIG_ENV.
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+from transientvod.config import Config, config_from_yaml, load_config
+from transientvod.job_channel import TOKEN_ENV, ChannelRecord, LocalRecord, fetch_config, is_channel_url
+
+JOB_CONFIG_ENV = "TRANSIENTVOD_JOB_CONFIG"
+
+
+def job_config(environ=os.environ) -> tuple[Config, object]:
+    """The job's config and its record (LocalRecord, or ChannelRecord through the launcher's
+    channel): from JOB_CONFIG_ENV when set, else the defaults (a run directory under ./runs)."""
+    location = environ.get(JOB_CONFIG_ENV, "")
+    if is_channel_url(location):
+        from transientvod.remote_hosts import check_marker_seen
+
+        config = config_from_yaml(fetch_config(location), location)
+        check_marker_seen(config, environ.get("HOROVOD_HOSTNAME") or socket.gethostname())
+        return config, ChannelRecord(location.rsplit("/", 1)[0], environ.get(TOKEN_ENV, ""), config.run_dir)
+    config = load_config(location or None)
+    return config, LocalRecord(config.run_dir)
