@@ -2,6 +2,8 @@
 
     transientvod demo                     the main job on the embedded digits data, losing and regaining a host
     transientvod train --config FILE [--set section.key=value ...] [--discovery "COMMAND"]
+                       [--script my_train.py -- ARGS]
+                                          library mode: horovodrun's workers run your own script
     transientvod watch --config FILE      keep the host-state file for launch/spot_hosts.py current
     transientvod doctor                   which kernel backend each op uses on this machine, and why
     transientvod install-horovod          build (once, cached) and install the patched Horovod for this Python
@@ -79,7 +81,11 @@ def cmd_demo(args) -> int:
 
 def cmd_train(args) -> int:
     config = load_config(args.config, args.set)
-    return finish(run_job(config, args.discovery))
+    script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
+    if script_args and not args.script:
+        raise ConfigError(f"{' '.join(script_args)} after the options are a script's arguments; give the script "
+                          "with --script, or leave them out.")
+    return finish(run_job(config, args.discovery, [args.script, *script_args] if args.script else None))
 
 
 def cmd_doctor(args) -> int:
@@ -398,6 +404,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="override a config value (repeatable)")
     train.add_argument("--discovery", help="host discovery command (default: cluster.discovery_script)")
+    train.add_argument("--script", help="a Horovod elastic script of your own (library mode, docs/library-mode.md) "
+                       "that the workers run in place of the task loop")
+    train.add_argument("script_args", nargs=argparse.REMAINDER, metavar="-- ARGS",
+                       help="the script's own arguments, after --")
     train.set_defaults(func=cmd_train)
     watcher = sub.add_parser("watch", help="run the spot watcher that feeds launch/spot_hosts.py")
     watcher.add_argument("--config", help="a YAML file with a spot: section")

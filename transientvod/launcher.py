@@ -72,8 +72,10 @@ def check_discovery_script(command: str) -> list[str]:
     return lines
 
 
-def horovodrun_command(config: Config, worker_config: str, discovery: str) -> list[str]:
-    """`worker_config`: the resolved config's path, or its URL on the launcher's channel."""
+def horovodrun_command(config: Config, worker_config: str, discovery: str, script: list[str] | None = None) -> list[str]:
+    """`worker_config`: the resolved config's path, or its URL on the launcher's channel.
+    `script`: a library-mode script and its arguments, which the workers run in place of the
+    task loop (they find the config in the environment: library/job.py)."""
     c = config.cluster
     horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     if horovodrun is None:
@@ -87,6 +89,8 @@ def horovodrun_command(config: Config, worker_config: str, discovery: str) -> li
         argv += ["--reset-limit", str(c.reset_limit)]
     if c.host_cooldown:
         argv += ["--blacklist-cooldown-range", str(c.host_cooldown), str(max(c.host_cooldown, HOST_COOLDOWN_MAX))]
+    if script:
+        return argv + [sys.executable, *script]
     return argv + [sys.executable, "-m", "transientvod.train", "--config", worker_config]
 
 
@@ -98,8 +102,9 @@ class Prepared:
     remote_job: bool  # hosts are other machines: those listed, or a cloud's, listed or not yet
 
 
-def prepare(config: Config, discovery: str | None = None) -> Prepared:
-    """All checks, then the resolved config on disk."""
+def prepare(config: Config, discovery: str | None = None, script: list[str] | None = None) -> Prepared:
+    """All checks, then the resolved config on disk. A library-mode `script` brings its own
+    model and data: no task is tried."""
     from transientvod.remote_hosts import RemoteHostsError, check_checkpoint_reach
     from transientvod.spot.ssh_reach import remote_hosts
 
@@ -116,7 +121,8 @@ def prepare(config: Config, discovery: str | None = None) -> Prepared:
     from transientvod.tasks import TaskError
     from transientvod.tasks.check import check_task
     try:
-        check_task(config)
+        if script is None:
+            check_task(config)
     except TaskError as e:
         raise LaunchError(str(e)) from None
     check_prices(config)
@@ -242,24 +248,49 @@ def revocation(config: Config):
     return vanish
 
 
-def run_job(config: Config, discovery: str | None = None) -> JobResult:
+def check_script(path: str, args: list[str]) -> list[str]:
+    """A library-mode script must exist; its absolute path and arguments, the workers' command
+    after python (horovodrun starts remote workers in this directory, not the script's)."""
+    if not os.path.isfile(path):
+        raise LaunchError(f"the script {path} does not exist; check the path given to --script.")
+    return [os.path.abspath(path), *args]
+
+
+def script_environment(worker_config: str) -> dict[str, str]:
+    """What a library-mode script's workers get besides the allow-listed environment: where the
+    job's config is, and the collective timeout that the task loop sets before hvd.init() itself
+    (elastic.bound_collective_waits), since the script calls hvd.init() on its own."""
+    from transientvod.elastic import COLLECTIVE_TIMEOUT_SECONDS
+    from transientvod.library.job import JOB_CONFIG_ENV
+
+    return {JOB_CONFIG_ENV: worker_config,
+            "HOROVOD_GLOO_OP_TIMEOUT_SECONDS": os.environ.get("HOROVOD_GLOO_OP_TIMEOUT_SECONDS",
+                                                              str(COLLECTIVE_TIMEOUT_SECONDS))}
+
+
+def run_job(config: Config, discovery: str | None = None, script: list[str] | None = None) -> JobResult:
+    """`script`: a library-mode script's path and arguments (horovodrun's workers run it), or
+    None for the task loop."""
+    if script is not None:
+        script = check_script(script[0], script[1:])
     stop_watcher = None
     if config.spot.provider != "none":
         if discovery:
             raise LaunchError("give either spot.provider or a discovery script, not both.")
         discovery, stop_watcher = start_spot_watcher(config)
     try:
-        prepared = prepare(config, discovery)
+        prepared = prepare(config, discovery, script)
         summary_path = config.run_dir / "summary.json"
         summary_path.unlink(missing_ok=True)
         with head_services(config, prepared) as services:
             worker_config = services.worker_config if services else str(prepared.config_path)
-            argv = horovodrun_command(config, worker_config, prepared.discovery)
+            argv = horovodrun_command(config, worker_config, prepared.discovery, script)
             print(f"transientvod: starting {' '.join(shlex.quote(a) for a in argv)}", flush=True)
             started = time.monotonic()
             task_errors = config.run_dir / TASK_ERRORS
             task_errors.unlink(missing_ok=True)
             returncode, timed_out = run_horovodrun(argv, {**(services.worker_env if services else {}),
+                                                          **(script_environment(worker_config) if script else {}),
                                                           LAUNCHER_ENV: "1"}, task_errors)
             wall = time.monotonic() - started
     finally:

@@ -52,6 +52,17 @@ log = logging.getLogger(__name__)
 OWN_HANDLERS = ("model", "optimizer", "sampler")  # TransientState's checkpoint keeps these already
 
 
+def speak_for_the_job() -> None:
+    """Show transientvod's INFO lines (recoveries, checkpoints, notices) on stderr, as the task
+    loop's workers do, unless the script set up logging itself."""
+    ours = logging.getLogger("transientvod")
+    if not ours.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+        ours.addHandler(handler)
+        ours.setLevel(logging.INFO)
+
+
 class ElasticState(TransientState):
     """Horovod's TorchState arguments: a model, an optimizer, and keyword attributes (an
     ElasticSampler, epoch, batch, ...), committed and synchronized as Horovod does.
@@ -75,6 +86,7 @@ class ElasticState(TransientState):
         if "step" in kwargs:
             raise ValueError("step is ElasticState's own count of optimizer steps; give your attribute another "
                              "name (batch, for example).")
+        speak_for_the_job()
         config, record = job_config()
         sampler_name = next((name for name, value in kwargs.items() if isinstance(value, ElasticSampler)), None)
         sampler = kwargs.pop(sampler_name) if sampler_name else None

@@ -1,0 +1,179 @@
+"""Library mode: a Horovod elastic script moved to transientvod in a few lines, run by the
+launcher with a host leaving and coming back; the drop-in optimizer against Horovod's own."""
+from __future__ import annotations
+
+import difflib
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, TRANSIENTVOD, explain, heavy_modules_imported, run_probe
+
+EXAMPLES = REPO / "examples" / "library_mode"
+HOROVOD_SCRIPT = EXAMPLES / "train_horovod.py"
+TRANSIENTVOD_SCRIPT = EXAMPLES / "train_transientvod.py"
+BOTH = "localhost:1,127.0.0.1:1"
+MAX_CHANGED_LINES = 10
+EPOCHS = 10
+ACCURACY_FLOOR = 0.8  # an untrained model scores about 0.1 on the ten digits
+
+
+def changed_lines(before: str, after: str) -> int:
+    """Lines changed between two texts: a replaced run counts its longer side, an inserted or
+    deleted run its length."""
+    matcher = difflib.SequenceMatcher(a=before.splitlines(), b=after.splitlines(), autojunk=False)
+    return sum(max(i2 - i1, j2 - j1) for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal")
+
+
+def test_the_transientvod_script_differs_from_horovods_in_at_most_ten_lines():
+    changed = changed_lines(HOROVOD_SCRIPT.read_text(), TRANSIENTVOD_SCRIPT.read_text())
+    print(f"{changed} changed lines")
+    assert 0 < changed <= MAX_CHANGED_LINES
+
+
+def test_changed_lines_counts_a_replacement_once():
+    assert changed_lines("a\nb\nc\n", "a\nB\nc\n") == 1
+    assert changed_lines("a\nb\n", "a\nx\nb\ny\n") == 2
+    assert changed_lines("a\nb\nc\n", "c\n") == 2
+
+
+def test_importing_transientvod_loads_no_torch_until_a_library_name_is_used():
+    assert heavy_modules_imported("transientvod", "transientvod.cli", "transientvod.library.job") == []
+
+
+def test_the_workers_environment_keeps_the_job_config_variable():
+    from transientvod import JOB_CONFIG_ENV
+    from transientvod.worker_env import worker_environment
+
+    assert worker_environment({JOB_CONFIG_ENV: "http://10.0.0.1:8000/config.yaml"}) == {
+        JOB_CONFIG_ENV: "http://10.0.0.1:8000/config.yaml"}
+
+
+def test_a_script_that_does_not_exist_is_one_sentence(tmp_path):
+    done = subprocess.run(TRANSIENTVOD + ["train", "--discovery", "true", "--script", str(tmp_path / "nope.py"),
+                                          "--", "--epochs", "1"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 2, explain(done)
+    assert done.stderr.strip() == (f"transientvod: the script {tmp_path / 'nope.py'} does not exist; check the path "
+                                   "given to --script.")
+    assert "horovodrun" not in done.stdout
+
+
+def test_the_drop_in_compression_argument_names_a_codec():
+    from horovod.torch.compression import Compression
+
+    from transientvod.library.optimizer import codec_for
+
+    assert codec_for(Compression.fp16, "none") == "fp16"
+    assert codec_for(None, "none") == "none"
+    assert codec_for(Compression.fp16, "int8") == "int8"  # the job's config wins
+    with pytest.raises(ValueError, match="has no transientvod codec"):
+        codec_for(object(), "none")
+
+
+@pytest.mark.slow
+def test_drop_in_is_horovods_allreduce_bit_for_bit_with_accumulation():
+    rows = run_probe("library/optimizer_probe.py", 2, "same_as_horovod")
+    assert len(rows) == 2
+    assert rows[0] == {**rows[1], "rank": 0}, "the ranks' parameters differ"
+    assert rows[0]["ours"] == rows[0]["horovod"]
+    assert rows[0]["ours_2_passes"] == rows[0]["horovod_2_passes"]
+    assert rows[0]["horovod_2_passes"] != rows[0]["horovod"]  # the second pass counted
+    # Through the exchange (staleness 1), two passes a step start their buckets in step().
+    assert rows[0]["ours_exchange_2_passes"] not in (rows[0]["ours_2_passes"], rows[0]["ours"])
+
+
+@pytest.mark.slow
+def test_drop_in_clips_the_averaged_gradient_as_horovods_pattern_does():
+    rows = run_probe("library/optimizer_probe.py", 2, "clipping")
+    assert rows[0] == {**rows[1], "rank": 0}, "the ranks' parameters differ"
+    row = rows[0]
+    assert row["ours_clipped"] == row["horovod_clipped"]
+    assert row["ours_clipped"] != row["ours_unclipped"]
+    assert row["ours_fp16_clipped"] != row["ours_fp16_unclipped"]
+
+
+@pytest.mark.slow
+def test_drop_in_stale_and_compressed_ranks_agree():
+    rows = run_probe("library/optimizer_probe.py", 2, "stale")
+    assert rows[0] == {**rows[1], "rank": 0}, "the ranks' parameters differ"
+    assert len({rows[0][name] for name in ("s1_none", "s2_int8", "s0_fp16")}) == 3
+
+
+def script_job(job, name: str, *script_args: str, **sections):
+    j = job(name, **sections)
+    base_argv = j.argv
+    j.argv = lambda discovery: base_argv(discovery) + ["--script", str(TRANSIENTVOD_SCRIPT), "--", *script_args]
+    return j
+
+
+def load_final_model(checkpoint_dir: str):
+    import torch
+
+    from transientvod.checkpoint import open_store
+
+    checkpoint = open_store(checkpoint_dir).load_latest()
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    model.load_state_dict(checkpoint.state["model"])
+    return checkpoint, model
+
+
+def test_accuracy(model) -> float:
+    import torch
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = torch.tensor(digits.data, dtype=torch.float32)[1500:] / 16.0
+    y = torch.tensor(digits.target)[1500:]
+    with torch.no_grad():
+        return (model(x).argmax(dim=1) == y).float().mean().item()
+
+
+test_accuracy.__test__ = False  # a helper, not a test
+
+
+@pytest.mark.slow
+def test_script_runs_through_the_launcher_while_a_host_leaves_and_comes_back(job):
+    j = script_job(job, "library", "--epochs", str(EPOCHS))
+    done = j.run(j.discovery(f"0={BOTH}", "100=localhost:1", f"200={BOTH}"), timeout=240)
+    assert done.returncode == 0, explain(done)
+    summary = j.summary()
+    assert summary["world_sizes_seen"] == [2, 1, 2], explain(done)
+    assert summary["steps_lost"] == 0, "hosts left and joined through discovery: nothing to redo"
+    assert summary["test_accuracy"] >= ACCURACY_FLOOR
+    # Every epoch ran: the final checkpoint holds the last epoch and the sampler past it.
+    checkpoint, model = load_final_model(summary["checkpoint"])
+    progress = checkpoint.state["progress"]
+    assert progress["epoch"] == EPOCHS - 1 and checkpoint.state["sampler"]["epoch"] == EPOCHS
+    assert checkpoint.step == progress["step"] == summary["steps"]
+    assert checkpoint.state["script"] == {"batch": 0}
+    assert test_accuracy(model) == pytest.approx(summary["test_accuracy"])  # the checkpoint is the final model
+    # After the host came back, both ranks started from the same parameters.
+    grown = [e for e in j.rows("events.jsonl") if e["size"] == 2 and e["step"] > 100]
+    assert {e["rank"] for e in grown} == {0, 1} and len({e["checksum"] for e in grown}) == 1, grown
+    rows = [r for r in j.rows("metrics.jsonl") if "world_size" in r]
+    assert {r["world_size"] for r in rows} == {1, 2} and all(r["cost_usd"] > 0 for r in rows)
+    # The launcher's MLflow run has the script's accuracy and the bill.
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{j.run_dir.parent / 'mlflow.db'}")
+    runs = client.search_runs([experiment.experiment_id for experiment in client.search_experiments()])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert runs[0].data.metrics["test_accuracy"] == pytest.approx(summary["test_accuracy"])
+
+
+@pytest.mark.slow
+def test_script_resumes_from_its_durable_checkpoint(job):
+    first = script_job(job, "resume", "--epochs", "2", tracking={"enabled": False})
+    done = first.run(first.discovery(f"0={BOTH}"))
+    assert done.returncode == 0, explain(done)
+    steps = first.summary()["steps"]
+    again = script_job(job, "resume", "--epochs", "3", tracking={"enabled": False})
+    done = again.run(again.discovery(f"0={BOTH}"))
+    assert done.returncode == 0, explain(done)
+    assert "resumed from the durable checkpoint" in done.stderr, explain(done)
+    events = again.rows("events.jsonl")  # each run's one ring: two ranks synced
+    assert [e["step"] for e in events[:2]] == [0, 0]
+    assert len(events) == 4 and all(e["step"] >= steps for e in events[2:]), events
+    assert again.summary()["steps"] > steps
