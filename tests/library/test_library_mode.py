@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import subprocess
-import sys
 
 import pytest
 
@@ -30,6 +29,13 @@ def test_the_transientvod_script_differs_from_horovods_in_at_most_ten_lines():
     changed = changed_lines(HOROVOD_SCRIPT.read_text(), TRANSIENTVOD_SCRIPT.read_text())
     print(f"{changed} changed lines")
     assert 0 < changed <= MAX_CHANGED_LINES
+
+
+def test_the_docs_show_the_diff_of_the_two_scripts_as_they_are():
+    a, b = (str(path.relative_to(REPO)) for path in (HOROVOD_SCRIPT, TRANSIENTVOD_SCRIPT))
+    diff = "".join(difflib.unified_diff(HOROVOD_SCRIPT.read_text().splitlines(True),
+                                        TRANSIENTVOD_SCRIPT.read_text().splitlines(True), a, b, n=1))
+    assert f"```diff\n{diff}```" in (REPO / "docs" / "library-mode.md").read_text()
 
 
 def test_changed_lines_counts_a_replacement_once():
@@ -74,7 +80,7 @@ def test_the_drop_in_compression_argument_names_a_codec():
 
 @pytest.mark.slow
 def test_drop_in_is_horovods_allreduce_bit_for_bit_with_accumulation():
-    rows = run_probe("library/optimizer_probe.py", 2, "same_as_horovod")
+    rows = sorted(run_probe("library/optimizer_probe.py", 2, "same_as_horovod"), key=lambda row: row["rank"])
     assert len(rows) == 2
     assert rows[0] == {**rows[1], "rank": 0}, "the ranks' parameters differ"
     assert rows[0]["ours"] == rows[0]["horovod"]
@@ -86,7 +92,7 @@ def test_drop_in_is_horovods_allreduce_bit_for_bit_with_accumulation():
 
 @pytest.mark.slow
 def test_drop_in_clips_the_averaged_gradient_as_horovods_pattern_does():
-    rows = run_probe("library/optimizer_probe.py", 2, "clipping")
+    rows = sorted(run_probe("library/optimizer_probe.py", 2, "clipping"), key=lambda row: row["rank"])
     assert rows[0] == {**rows[1], "rank": 0}, "the ranks' parameters differ"
     row = rows[0]
     assert row["ours_clipped"] == row["horovod_clipped"]
@@ -96,7 +102,7 @@ def test_drop_in_clips_the_averaged_gradient_as_horovods_pattern_does():
 
 @pytest.mark.slow
 def test_drop_in_stale_and_compressed_ranks_agree():
-    rows = run_probe("library/optimizer_probe.py", 2, "stale")
+    rows = sorted(run_probe("library/optimizer_probe.py", 2, "stale"), key=lambda row: row["rank"])
     assert rows[0] == {**rows[1], "rank": 0}, "the ranks' parameters differ"
     assert len({rows[0][name] for name in ("s1_none", "s2_int8", "s0_fp16")}) == 3
 
