@@ -34,10 +34,11 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-# What a rank writes when the task's own code raised: the launcher prints it and stops the job.
-TASK_ERRORS = "task-errors.jsonl"
+# What a rank writes when the whole job must stop (the task is unusable or its code raised, the
+# checkpoint to resume does not fit): the launcher prints it once and stops horovodrun.
+JOB_ERRORS = "job-errors.jsonl"
 LAUNCHER_ENV = "TRANSIENTVOD_LAUNCHER"  # set for the launcher's workers: it prints a task's traceback, once
-RECORD_NAMES = frozenset({"metrics.jsonl", "events.jsonl", "mlflow-unsent.jsonl", TASK_ERRORS})
+RECORD_NAMES = frozenset({"metrics.jsonl", "events.jsonl", "mlflow-unsent.jsonl", JOB_ERRORS})
 SUMMARY_NAME = "summary.json"
 CONFIG_PATH = "/config.yaml"
 TOKEN_HEADER = "X-Transientvod-Token"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transientvod.config import Config, write_resolved
-from transientvod.job_channel import LAUNCHER_ENV, TASK_ERRORS
+from transientvod.job_channel import JOB_ERRORS, LAUNCHER_ENV
 from transientvod.worker_env import worker_environment
 
 HOST_LINE = re.compile(r"^[^\s:]+:\d+$")
@@ -287,11 +287,11 @@ def run_job(config: Config, discovery: str | None = None, script: list[str] | No
             argv = horovodrun_command(config, worker_config, prepared.discovery, script)
             print(f"transientvod: starting {' '.join(shlex.quote(a) for a in argv)}", flush=True)
             started = time.monotonic()
-            task_errors = config.run_dir / TASK_ERRORS
-            task_errors.unlink(missing_ok=True)
+            job_errors = config.run_dir / JOB_ERRORS
+            job_errors.unlink(missing_ok=True)
             returncode, timed_out = run_horovodrun(argv, {**(services.worker_env if services else {}),
                                                           **(script_environment(worker_config) if script else {}),
-                                                          LAUNCHER_ENV: "1"}, task_errors)
+                                                          LAUNCHER_ENV: "1"}, job_errors)
             wall = time.monotonic() - started
     finally:
         if stop_watcher is not None:
@@ -306,8 +306,8 @@ def run_job(config: Config, discovery: str | None = None, script: list[str] | No
         returncode = 0
     why = ""
     c = config.cluster
-    if timed_out == TASK_FAILED:
-        why, returncode = task_failure(task_errors), TASK_FAILED_EXIT
+    if timed_out == STOPPED:
+        why, returncode = first_job_error(job_errors), STOPPED_EXIT
     elif returncode != 0 and timed_out == INTERFACES_TIMED_OUT and not c.network_interface:
         why = (f"Horovod waited cluster.elastic_timeout ({c.elastic_timeout} s) for two hosts to find their common "
                f"network interface and fewer were up; name it in cluster.network_interface (lo for a job on this "
@@ -356,53 +356,57 @@ CAPACITY_TIMEOUT = "Please check that you have enough resources to run at least"
 # hosts to probe. Its traceback names this frame before the capacity timeout's message.
 INTERFACE_PROBE = "get_common_interfaces"
 CAPACITY_TIMED_OUT, INTERFACES_TIMED_OUT = "capacity", "interfaces"
-TASK_FAILED = "task"  # a rank recorded that the task's own code raised
-TASK_FAILED_EXIT = 3  # the job's exit code then, as the worker's (train.py)
-TASK_ERROR_POLL_SECONDS = 0.5
+STOPPED = "stopped"  # a rank recorded an error that stops the job (train.report_job_error)
+STOPPED_EXIT = 3  # the job's exit code then, as the worker's (train.py)
+JOB_ERROR_POLL_SECONDS = 0.5
+WORKER_LINE = re.compile(r"^\[\d+\]<(stdout|stderr)>:")  # how horovodrun prefixes a worker's lines
 
 
 def run_horovodrun(argv: list[str], extra_env: dict[str, str] | None = None,
-                   task_errors: Path | None = None) -> tuple[int, str]:
+                   job_errors: Path | None = None) -> tuple[int, str]:
     """Run horovodrun, passing its stderr through line by line (its driver logs there);
     returns its exit code and what ended it early, if anything: waiting for capacity, for two
-    hosts to probe for their network interface, or the task's own error ("" when none), so that
-    the launcher can say so in one sentence. Its stdout goes straight to ours. It starts with
+    hosts to probe for their network interface, or an error that stops the job ("" when none),
+    so that the launcher can say so in one sentence. Its stdout goes straight to ours. It starts with
     the allow-listed environment (worker_environment): what it has, every worker's ssh command
     line shows.
 
-    A rank whose task raised writes `task_errors` (train.report_task_failure) and exits; the
-    other ranks would roll back and go on without it, or each raise the same error and print
-    the same traceback. So the first such record stops horovodrun (its workers go with it)."""
+    A rank whose task raised (or that cannot go on for the whole job: train.report_job_error)
+    writes `job_errors` and exits; the other ranks would roll back and go on without it, or
+    each raise the same error and print the same traceback. So the first such record stops
+    horovodrun (its workers go with it)."""
     timed_out, probing = "", False
     env = {**worker_environment(os.environ), **(extra_env or {})}
     with subprocess.Popen(argv, stderr=subprocess.PIPE, bufsize=1, text=True, errors="replace", env=env) as proc:
         failed = threading.Event()
-        if task_errors is not None:
-            threading.Thread(target=stop_on_task_error, args=(proc, task_errors, failed), name="task-errors",
+        if job_errors is not None:
+            threading.Thread(target=stop_on_job_error, args=(proc, job_errors, failed), name="job-errors",
                              daemon=True).start()
         for line in proc.stderr:
+            if failed.is_set() and not WORKER_LINE.match(line):
+                continue  # horovodrun's own traceback about the stop we caused: the task's comes instead
             sys.stderr.write(line)
             probing = probing or INTERFACE_PROBE in line
             if CAPACITY_TIMEOUT in line and not timed_out:
                 timed_out = INTERFACES_TIMED_OUT if probing else CAPACITY_TIMED_OUT
         sys.stderr.flush()
-    return proc.returncode, TASK_FAILED if failed.is_set() else timed_out
+    return proc.returncode, STOPPED if failed.is_set() else timed_out
 
 
-def stop_on_task_error(proc: subprocess.Popen, task_errors: Path, failed: threading.Event) -> None:
-    """Stop horovodrun once a rank has recorded the task's error (SIGTERM: Horovod's process
-    wrappers end every worker of a process that ends)."""
+def stop_on_job_error(proc: subprocess.Popen, job_errors: Path, failed: threading.Event) -> None:
+    """Stop horovodrun once a rank has recorded an error that stops the job (SIGTERM: horovodrun
+    ends its workers, then reports their exit codes in a traceback of its own)."""
     while proc.poll() is None:
-        if task_errors.exists() and task_errors.stat().st_size:
+        if job_errors.exists() and job_errors.stat().st_size:
             failed.set()
             proc.terminate()
             return
-        time.sleep(TASK_ERROR_POLL_SECONDS)
+        time.sleep(JOB_ERROR_POLL_SECONDS)
 
 
-def task_failure(task_errors: Path) -> str:
-    """The first task error a rank recorded: its traceback printed here, once; its sentence returned."""
-    first = json.loads(task_errors.read_text().splitlines()[0])
+def first_job_error(job_errors: Path) -> str:
+    """The first error a rank recorded: the task's traceback, if any, printed here, once; its sentence returned."""
+    first = json.loads(job_errors.read_text().splitlines()[0])
     if first["traceback"]:
         print(f"transientvod: the task's traceback, from rank {first['rank']} ({first['host'] or 'this host'}):\n"
               f"{first['traceback'].rstrip()}", file=sys.stderr, flush=True)

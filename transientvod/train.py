@@ -52,14 +52,16 @@ from transientvod.elastic import (CommitPolicy, CommitVote, ShardSampler, Transi
                                   network_address)
 from transientvod.evaluation import evaluate
 from transientvod.exchange import GradientExchange, SynchronousStep
-from transientvod.job_channel import (LAUNCHER_ENV, TASK_ERRORS, TOKEN_ENV, ChannelError, ChannelRecord,
+from transientvod.job_channel import (JOB_ERRORS, LAUNCHER_ENV, TOKEN_ENV, ChannelError, ChannelRecord,
                                       LocalRecord, fetch_config, is_channel_url)
 from transientvod.remote_hosts import RemoteHostsError, check_marker_seen
 from transientvod.schedule import OptimizerSchedule
 from transientvod.tasks import Task, TaskError, TaskFailed, load_task
 from transientvod.tracking.store import TrackingError
 
-TASK_FAILED_EXIT = 3  # the task is wrong (TaskError) or its code raised (TaskFailed); 2: a setting to fix
+# The whole job stops (report_job_error): the task is wrong or its code raised, the checkpoint
+# does not fit. 2: a setting for this host to fix.
+STOPPED_EXIT = 3
 
 log = logging.getLogger("transientvod.train")
 
@@ -229,7 +231,13 @@ def train(config: Config, record) -> None:
     if hvd.rank() == 0:
         checkpoint = store.load_latest()
         if checkpoint is not None:
-            state.load_checkpoint_payload(checkpoint.state)
+            try:
+                state.load_checkpoint_payload(checkpoint.state)
+            except (KeyError, RuntimeError, ValueError) as e:  # torch's load_state_dict says why in its first line
+                raise CheckpointError(
+                    f"the durable checkpoint {checkpoint.location} does not fit this job's model or optimizer "
+                    f"({str(e).strip().splitlines()[0].rstrip(':.')}); resume it with the task and settings that "
+                    "wrote it, or start afresh under another run.name or checkpoint.dir.") from None
             resumed = True
             log.info("resumed from the durable checkpoint %s at step %d", checkpoint.location, state.step)
         books.begin(state, resumed)
@@ -369,14 +377,15 @@ def train(config: Config, record) -> None:
                  summary["cost"]["cost_usd"], summary["cost"]["on_demand_usd"])
 
 
-def report_task_failure(record, error: TaskError | TaskFailed) -> None:
-    """The task's error, into the run's records: the launcher prints it once and stops the job,
-    where every rank printing its own would bury it (launcher.py). A TaskFailed carries the
-    traceback of the task's own code; a TaskError is one sentence."""
+def report_job_error(record, error: Exception) -> None:
+    """An error that stops the whole job, into the run's records: the launcher prints it once
+    and stops horovodrun (launcher.py). Without it, the other ranks would go on without this
+    one, or each print the same traceback. A TaskFailed carries the traceback of the task's
+    own code; the others are one sentence."""
     rank = hvd.rank() if hvd.is_initialized() else -1
     details = getattr(error, "details", "")
-    record.append(TASK_ERRORS, {"rank": rank, "host": os.environ.get("HOROVOD_HOSTNAME", ""), "error": str(error),
-                                "traceback": details, "time": time.time()})
+    record.append(JOB_ERRORS, {"rank": rank, "host": os.environ.get("HOROVOD_HOSTNAME", ""), "error": str(error),
+                               "traceback": details, "time": time.time()})
     if hasattr(record, "flush"):
         record.flush()  # before this process exits: the launcher stops the job on it
     log.error("rank %d: %s", rank, error)
@@ -402,10 +411,10 @@ def main(argv: list[str] | None = None) -> int:
             config = load_config(args.config)
             record = LocalRecord(config.run_dir)
         train(config, record)
-    except (TaskError, TaskFailed) as error:
-        report_task_failure(record, error)
-        return TASK_FAILED_EXIT
-    except (ChannelError, CheckpointError, ConfigError, DataError, PriceError, RemoteHostsError, TrackingError) as e:
+    except (CheckpointError, TaskError, TaskFailed) as error:
+        report_job_error(record, error)
+        return STOPPED_EXIT
+    except (ChannelError, ConfigError, DataError, PriceError, RemoteHostsError, TrackingError) as e:
         log.error("%s", e)
         return 2
     finally:
