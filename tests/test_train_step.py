@@ -119,7 +119,7 @@ def test_more_slots_than_gpus_is_one_sentence_before_nccl_refuses(monkeypatch):
     machine, so torch's and Horovod's answers about it are stood in for."""
     import horovod.torch as hvd
 
-    from transientvod import train
+    from transientvod import worker_setup
     from transientvod.config import ConfigError
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -128,7 +128,7 @@ def test_more_slots_than_gpus_is_one_sentence_before_nccl_refuses(monkeypatch):
     monkeypatch.setattr(hvd, "local_size", lambda: 2)
     config = config_from_yaml("train: {device: auto}", "the test")
     with pytest.raises(ConfigError) as raised:
-        train.pick_device(config)
+        worker_setup.pick_device(config)
     message = str(raised.value)
     assert message == ("this host runs 2 slots but has 1 GPU(s); give it at most 1 slot(s) in the host "
                        "discovery (host:1) or set train.device to cpu."), message

@@ -28,11 +28,9 @@ import argparse
 import json
 import logging
 import os
-import random
 import socket
 import sys
 import time
-import zlib
 
 import torch
 from torch.utils.data import DataLoader
@@ -58,79 +56,13 @@ from transientvod.remote_hosts import RemoteHostsError, check_marker_seen
 from transientvod.schedule import OptimizerSchedule
 from transientvod.tasks import Task, TaskError, TaskFailed, load_task
 from transientvod.tracking.store import TrackingError
+from transientvod.worker_setup import benchmark_delay, parameter_checksum, pick_device, start_notice_watcher
 
 # The whole job stops (report_job_error): the task is wrong or its code raised, the checkpoint
 # does not fit. 2: a setting for this host to fix.
 STOPPED_EXIT = 3
 
 log = logging.getLogger("transientvod.train")
-
-
-def benchmark_delay():
-    """For benchmarks only, two environment variables that add sleep after each step:
-
-    - TRANSIENTVOD_STEP_SECONDS="S": every rank sleeps S seconds, a stand-in for accelerator
-      time that does not compete for this machine's few cores (so a step costs about the same
-      at any world size, as it does with one GPU per worker);
-    - TRANSIENTVOD_STRAGGLER="RANK:SECONDS": that rank also sleeps a random 0..SECONDS, a
-      straggler the exchange has to absorb.
-    """
-    fixed = float(os.environ.get("TRANSIENTVOD_STEP_SECONDS", "0") or 0)
-    rank_text, _, seconds_text = os.environ.get("TRANSIENTVOD_STRAGGLER", "").partition(":")
-    if not fixed and not seconds_text:
-        return None
-    rng = random.Random(1234)
-    straggler, extra = (int(rank_text), float(seconds_text)) if seconds_text else (-1, 0.0)
-    return lambda: time.sleep(fixed + (rng.uniform(0, extra) if hvd.rank() == straggler else 0.0))
-
-
-def start_notice_watcher(config: Config):
-    """This server's interruption-notice watcher, or None when notices are off."""
-    if config.notices.source == "none":
-        return None
-    from transientvod.spot.hosts import register_worker
-    from transientvod.spot.notices import NoticeWatcher, notice_source
-
-    host = os.environ.get("HOROVOD_HOSTNAME") or None
-    if config.notices.source == "hoststate" and host:
-        # A replayed revocation kills the workers of its host, as the cloud would.
-        register_worker(config.host_state_file, host, os.getpid())
-    if config.spot.provider == "trace" and not config.spot.notices:
-        return None  # a replay without notices has none to watch for: no watcher, no vote
-    source = notice_source(config.notices.source, url=config.notices.url or None,
-                           state_file=config.host_state_file, host_name=host)
-    return NoticeWatcher(source, poll_seconds=config.notices.poll_seconds).start()
-
-
-def pick_device(config: Config) -> torch.device:
-    """One GPU per slot on GPU hosts; CPU otherwise."""
-    want_cuda = config.train.device == "cuda" or (config.train.device == "auto" and torch.cuda.is_available())
-    if want_cuda:
-        if not torch.cuda.is_available():
-            raise ConfigError("train.device is 'cuda' but this host has no usable CUDA device; set train.device to auto or cpu.")
-        gpus, slot = torch.cuda.device_count(), hvd.local_rank()
-        if slot >= gpus:
-            # Two slots on one GPU would fail later, deep in NCCL ("Duplicate GPU detected").
-            raise ConfigError(f"this host runs {hvd.local_size()} slots but has {gpus} GPU(s); give it at most "
-                              f"{gpus} slot(s) in the host discovery (host:{gpus}) or set train.device to cpu.")
-        torch.cuda.set_device(slot)
-        return torch.device("cuda", slot)
-    # Local slots share the cores: give each an equal part so they don't oversubscribe.
-    threads = config.train.threads_per_worker or max(1, (os.cpu_count() or 1) // hvd.local_size())
-    torch.set_num_threads(threads)
-    # The numba kernels have their own thread pool, sized to every core by default: with
-    # several workers per machine its threads would fight the other workers' for the cores.
-    import numba
-    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-    return torch.device("cpu")
-
-
-def parameter_checksum(model: torch.nn.Module) -> str:
-    """CRC32 of every parameter and buffer: equal on all ranks iff their models are equal."""
-    crc = 0
-    for tensor in model.state_dict().values():
-        crc = zlib.crc32(tensor.detach().cpu().contiguous().numpy().tobytes(), crc)
-    return f"{crc:08x}"
 
 
 def build_exchange(config: Config, optimizer: torch.optim.Optimizer, model: torch.nn.Module,

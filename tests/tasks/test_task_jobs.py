@@ -53,7 +53,7 @@ def loss_fn(output, target):
     assert done.returncode == 3, explain(done)
     assert log.count("Traceback (most recent call last)") == 1, explain(done)
     assert "ValueError: the task's own bug at its step 31" in log, explain(done)
-    assert f"raise ValueError(\"the task's own bug" in log, "the traceback shows the task's own line"
+    assert "raise ValueError(\"the task's own bug" in log, "the traceback shows the task's own line"
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("transientvod: a training step in the task ") and "raised ValueError" in last, last
     assert f"{j.config['task'].rsplit('/', 1)[-1]}, line" in last and last.endswith("the job was stopped."), last

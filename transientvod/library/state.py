@@ -45,7 +45,7 @@ from transientvod.config import to_yaml
 from transientvod.elastic import CommitPolicy, CommitVote, TransientState
 from transientvod.library.job import job_config
 from transientvod.library.optimizer import DistributedOptimizer
-from transientvod.train import benchmark_delay, parameter_checksum, start_notice_watcher
+from transientvod.worker_setup import benchmark_delay, parameter_checksum, start_notice_watcher
 
 log = logging.getLogger(__name__)
 
