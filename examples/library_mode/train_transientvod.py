@@ -1,7 +1,8 @@
 """Elastic training of a small MLP on scikit-learn's digits, written as Horovod documents it
 (train_horovod.py) and moved to transientvod (train_transientvod.py: docs/library-mode.md).
 
-    transientvod train --config JOB.yaml --script examples/library_mode/train_transientvod.py -- --epochs 20
+    transientvod train --config examples/library_mode/config.yaml \
+        --script examples/library_mode/train_transientvod.py -- --epochs 20
 """
 import argparse
 
