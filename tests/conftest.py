@@ -59,7 +59,10 @@ class Job:
     def __init__(self, tmp_path: Path, name: str, step_seconds: float = 0.0, **sections):
         config = json.loads(json.dumps(TINY_JOB))
         for section, values in sections.items():
-            config.setdefault(section, {}).update(values)
+            if isinstance(values, dict):
+                config.setdefault(section, {}).update(values)
+            else:  # a top-level key that is not a section: task
+                config[section] = values
         config["run"] = {"name": name, "output_dir": str(tmp_path / "runs")}
         self.config = config
         self.step_seconds = step_seconds  # see job_environment
