@@ -5,13 +5,18 @@
 # lent for checks has no mlflow; one host, so Horovod is told the interface, lo, instead of
 # probing two hosts for it). run_checks.sh runs it
 # with cuda; `bash tests/gpu/job_check.sh cpu` rehearses the same commands on any machine.
-# Usage: bash tests/gpu/job_check.sh cuda|cpu      (env: PYTHON, default .venv/bin/python)
+# Usage: bash tests/gpu/job_check.sh cuda|cpu [builtin|quickstart]   (env: PYTHON, default .venv/bin/python)
+#   builtin (the default): the built-in ResNet task; quickstart: a user's task file
+#   (examples/quickstart/task.py: its own model, data, AdamW, loss and evaluation) at int8
+#   and staleness 2, its batches moved to the device by the loop.
 # Exit 0 when the job finished every step on that device; its summary is printed.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 device=${1:-}
 [[ $device == cuda || $device == cpu ]] || { echo "job_check: say cuda or cpu (the device to train on)."; exit 2; }
+task=${2:-builtin}
+[[ $task == builtin || $task == quickstart ]] || { echo "job_check: the task is builtin or quickstart, not $task."; exit 2; }
 PY=${PYTHON:-}
 if [[ -z $PY ]]; then
     if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
@@ -24,18 +29,27 @@ steps=200
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
+if [[ $task == builtin ]]; then
+    codec=fp16
+    task_lines="model: {depth: 8, width: 16}
+optimizer: {lr: 0.05, warmup_steps: 20}"
+else
+    codec=int8
+    task_lines="task: $PWD/examples/quickstart/task.py
+task_settings: {hidden: 64}
+optimizer: {lr: 0.003, weight_decay: 0.01, lr_scaling: none, warmup_steps: 20}"
+fi
 cat >"$work/job.yaml" <<EOF
 run: {name: job-check, output_dir: $work/runs}
-model: {depth: 8, width: 16}
+$task_lines
 data: {batch_size: 32}
-optimizer: {lr: 0.05, warmup_steps: 20}
-exchange: {codec: fp16, staleness: 2, min_compress_elements: 0, compress_after: 0.0}
+exchange: {codec: $codec, staleness: 2, min_compress_elements: 0, compress_after: 0.0}
 train: {steps: $steps, commit_every: 10, checkpoint_every: 50, log_every: 10, eval_every: 100, device: $device}
 cluster: {min_np: 1, max_np: $slots, network_interface: lo}
 tracking: {enabled: false}
 EOF
 
-echo "job_check: $steps steps on $device, $slots slot(s) on localhost, fp16 at staleness 2"
+echo "job_check: the $task task, $steps steps on $device, $slots slot(s) on localhost, $codec at staleness 2"
 "$PY" -m transientvod.cli train --config "$work/job.yaml" \
     --discovery "$PY launch/local_hosts.py --phase 0=localhost:$slots" || {
     echo "job_check: FAILED: the job exited with status $? (its output above)."

@@ -6,7 +6,9 @@
 #                                   block boundaries, misaligned views, NaN/Inf (every backend)
 #   4. tests/test_ops.py            the ops' own tests (their CUDA parametrization), every backend
 #   5. tests/test_exchange.py       the exchange on CUDA tensors, every codec, 2-4 ranks (horovodrun)
-#   6. tests/gpu/job_check.sh cuda  a short job through the training loop on the GPU(s)
+#   6. tests/gpu/job_check.sh cuda  a short job through the training loop on the GPU(s): the
+#                                   built-in task at fp16, then a user's task file at int8
+#                                   (examples/quickstart), both at staleness 2
 #   7. benchmarks/kernels.py --device cuda
 # Backends (TRANSIENTVOD_KERNELS): cuda = the extension, and cupy (NVRTC) when it is installed.
 # Horovod with NCCL, which step 5 needs, is built by launch/install_horovod.sh in the background
@@ -208,8 +210,10 @@ step "pytest tests/test_exchange.py on CUDA tensors (TRANSIENTVOD_PROBE_DEVICE=c
 #    transientvod's CLI imports boto3 (S3 checkpoints); a host lent for checks may not have it.
 if "$PY" -c 'import boto3, sklearn' 2>/dev/null; then
     step "a job on the GPU (tests/gpu/job_check.sh cuda)" env PYTHON="$PY" bash tests/gpu/job_check.sh cuda
+    step "a task file's job on the GPU, int8 (job_check.sh cuda quickstart)" \
+        env PYTHON="$PY" bash tests/gpu/job_check.sh cuda quickstart
 else
-    skip "a job on the GPU" "boto3 or scikit-learn is not installed (pip install boto3 scikit-learn)"
+    skip "the jobs on the GPU" "boto3 or scikit-learn is not installed (pip install boto3 scikit-learn)"
 fi
 
 # 7. the benchmark: its own report, shown before the summary
