@@ -162,6 +162,10 @@ def test_the_wheel_installed_in_a_fresh_venv_runs_the_demo_and_discovery_outside
 
     done = in_venv(str(bin_dir / "transientvod"), "--version")
     assert done.returncode == 0 and done.stdout == f"transientvod {transientvod.__version__}\n", explain(done)
+    # A run's commit tag is the package's checkout's, not that of a repository the venv sits in.
+    subprocess.run(["git", "init", "-q", str(workdir)], check=True, timeout=30)
+    done = in_venv(python, "-c", "from transientvod.tracking.run import git_commit; print(git_commit())")
+    assert done.returncode == 0 and done.stdout == "unknown\n", explain(done)
 
     # The packaged build script, run with the venv's Python: the cached wheel, in seconds.
     done = in_venv(str(bin_dir / "transientvod"), "install-horovod", timeout=900)

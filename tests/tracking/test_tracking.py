@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 
 import pytest
 from mlflow import MlflowClient
 
-from conftest import free_port, mlflow_browser, new_mlflow_store, wait_until
+import transientvod
+from conftest import REPO, free_port, mlflow_browser, new_mlflow_store, wait_until
 from transientvod.tracking import names
 from transientvod.tracking.run import close_run, open_run, tracking_uri
 from transientvod.tracking.sender import UNSENT_FILE, MetricSender, resend_unsent
@@ -91,6 +93,10 @@ def test_a_run_opened_and_closed_in_a_sqlite_store(tmp_path):
     assert run.info.status == "FINISHED"
     assert run.data.params[names.PARAM_MARKET] == "on-demand"
     assert run.data.tags[names.TAG_CONFIGURATION] == "1-2 x k80 on-demand"
+    # The package runs from this checkout (an editable install): its commit, and the version.
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+    assert run.data.tags[names.TAG_GIT_COMMIT] == head.stdout.strip()
+    assert run.data.tags[names.TAG_VERSION] == transientvod.__version__
     metrics = run.data.metrics
     assert metrics[names.METRIC_WALL_HOURS] == pytest.approx(0.2)
     assert metrics[names.METRIC_SAVINGS_PCT] == pytest.approx(50.0)
