@@ -4,7 +4,7 @@
     transientvod train --config FILE [--set section.key=value ...] [--discovery "COMMAND"]
                        [--script my_train.py -- ARGS]
                                           library mode: horovodrun's workers run your own script
-    transientvod watch --config FILE      keep the host-state file for launch/spot_hosts.py current
+    transientvod watch --config FILE      keep the host-state file for the spot_hosts discovery current
     transientvod doctor                   which kernel backend each op uses on this machine, and why
     transientvod install-horovod          build (once, cached) and install the patched Horovod for this Python
     transientvod compare [--experiment NAME] [--baseline RUN_ID] [--out DIR] [RUN_ID ...]
@@ -27,8 +27,9 @@
                                           a real cluster on this machine (root): namespaced hosts with sshd
 
 With `spot.provider` set (trace, aws or gce), `train` starts the watcher itself and uses
-launch/spot_hosts.py as the discovery script; `watch` is for running the watcher apart (for
-example on the machine where you run horovodrun by hand).
+`python -m transientvod.launch.spot_hosts` (launch/spot_hosts.py of a checkout) as the discovery
+script; `watch` is for running the watcher apart (for example on the machine where you run
+horovodrun by hand), and prints that command.
 
 Errors a user can cause end in one sentence on stderr and exit code 2.
 """
@@ -409,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("script_args", nargs=argparse.REMAINDER, metavar="-- ARGS",
                        help="the script's own arguments, after --")
     train.set_defaults(func=cmd_train)
-    watcher = sub.add_parser("watch", help="run the spot watcher that feeds launch/spot_hosts.py")
+    watcher = sub.add_parser("watch", help="run the spot watcher that feeds the spot_hosts discovery")
     watcher.add_argument("--config", help="a YAML file with a spot: section")
     watcher.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                          help="override a config value (repeatable)")
