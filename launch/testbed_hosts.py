@@ -6,7 +6,8 @@ servers, and nothing else; exit 0. A host that vanished or was killed drops out;
 one comes back. `--lag SECONDS` keeps reporting a change's old state that long, as a cloud's
 API lags behind its servers::
 
-    python launch/testbed_hosts.py --name tvd --slots 1 --lag 5      # installed: python -m transientvod.launch.testbed_hosts
+    python launch/testbed_hosts.py --name tvd --slots 1 --lag 5
+    python -m transientvod.launch.testbed_hosts --name tvd --slots 1 --lag 5    # installed
 
 Horovod runs it every second, so it imports nothing beyond the testbed's record.
 """
