@@ -143,6 +143,7 @@ def train(config: Config, record) -> None:
     schedule = OptimizerSchedule(optimizer, config, task.source)
     optimizer, stepper, tuner = build_exchange(config, optimizer, model, schedule)
     loader_workers = task.loader_workers(config)
+    bf16 = config.train.precision == "bf16"
     sampler = ShardSampler(train_set, shuffle=True, seed=config.train.seed)
     policy = CommitPolicy(config.train.commit_every, config.train.checkpoint_every, config.train.steps)
     state = TransientState(model, optimizer, sampler, schedule.lr_rule, policy)
@@ -195,18 +196,19 @@ def train(config: Config, record) -> None:
         tuner.begin(state.step)
         last_log = time.monotonic()
         samples_since_log = 0
+        # One loader for the ring, its worker processes kept from epoch to epoch; a reset makes
+        # a new one, reading what the sampler re-sharded among the workers now in the ring.
+        loader = DataLoader(train_set, batch_size=config.data.batch_size, sampler=state.sampler,
+                            num_workers=loader_workers, persistent_workers=loader_workers > 0)
         while state.step < config.train.steps:
-            # Made afresh each epoch and after each reset: the sampler has re-sharded the rest
-            # of the epoch among the workers now in the ring.
-            loader = DataLoader(train_set, batch_size=config.data.batch_size, sampler=state.sampler,
-                                num_workers=loader_workers)
             for batch_index, (inputs, target) in enumerate(task_batches(loader, task)):
                 lr = state.current_lr()
                 momentum = schedule.apply(lr, state.step)
                 inputs, target = to_device(inputs, device), to_device(target, device)
                 stepper.zero_grad()  # the exchange's: its .grad tensors are views into its buckets
                 with task_code("a training step", task):
-                    loss = task.loss_fn(state.model(inputs), target)
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                        loss = task.loss_fn(state.model(inputs), target)
                     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                         raise TaskError(f"loss_fn in the task {task.source} returned "
                                         f"{tuple(getattr(loss, 'shape', ())) or type(loss).__name__}, not a scalar "
@@ -295,6 +297,8 @@ def train(config: Config, record) -> None:
             "world_sizes_seen": state.world_sizes,
             "revocations_survived": state.revocations,
             "steps_lost": state.steps_lost,
+            # by this process, rank 0 now (every rank skips the same): a NaN or Inf in the average
+            "steps_skipped_not_finite": getattr(stepper, "skipped_steps", 0),
             **({"test_accuracy": metrics["test_accuracy"]} if "test_accuracy" in metrics else {}),
             "test_metrics": metrics,
             "task": task.source,

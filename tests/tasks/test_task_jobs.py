@@ -92,3 +92,28 @@ def build_model(config):
     last = done.stderr.strip().splitlines()[-1]
     assert "does not fit this job's model or optimizer" in last and "under another run.name" in last, last
     assert sorted(p.name for p in (first.run_dir / "checkpoints").iterdir()) == saved, "checkpoints were lost"
+
+
+@pytest.mark.parametrize("codec, staleness", [("fp16", 0), ("int8", 2)])
+def test_bf16_autocast_on_the_cpu_and_a_non_finite_step_is_skipped_on_every_rank(job, tmp_path, codec, staleness):
+    # train.precision bf16: the task's forward pass and loss run under autocast; one step on
+    # rank 1 alone makes an Inf gradient, which the exchange's flag skips on both ranks.
+    j = task_job(job, tmp_path, f"bf16_{codec}", """
+steps = 0
+def loss_fn(output, target):
+    global steps
+    steps += 1
+    if output.dtype != torch.bfloat16:
+        raise TypeError(f"the forward pass ran in {output.dtype}, not under bf16 autocast")
+    loss = torch.nn.functional.cross_entropy(output, target)
+    if steps == 40 and os.environ.get("HOROVOD_RANK") == "1":
+        return loss * float("inf")
+    return loss
+""", train={"steps": 150, "precision": "bf16"},
+                 exchange={"codec": codec, "staleness": staleness, "min_compress_elements": 0, "compress_after": 0.0})
+    done = j.run(j.discovery(f"0={BOTH}"), timeout=150)
+    assert done.returncode == 0, explain(done)
+    summary = j.summary()
+    assert summary["steps"] == 150 and summary["steps_skipped_not_finite"] == 1, summary
+    assert "NaN/Inf in step 39's gradients; skipped it on every rank" in done.stderr, explain(done)
+    assert summary["test_accuracy"] > 0.9, summary  # the sign of one feature: learnt, not poisoned

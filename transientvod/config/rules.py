@@ -17,6 +17,7 @@ from transientvod.config.schema import (
     MARKETS,
     MODELS,
     NOTICE_SOURCES,
+    PRECISIONS,
     SPOT_HOST_NAMES,
     SPOT_PROVIDERS,
     Config,
@@ -43,6 +44,7 @@ def validate(config: Config, source: str = "config") -> None:
     one_of("optimizer.lr_scaling", config.optimizer.lr_scaling, LR_SCALING_RULES)
     one_of("optimizer.schedule", config.optimizer.schedule, LR_SCHEDULES)
     one_of("train.device", config.train.device, DEVICES)
+    one_of("train.precision", config.train.precision, PRECISIONS)
     one_of("exchange.codec", config.exchange.codec, CODECS)
     if not INT8_BLOCK_MIN <= config.exchange.block <= INT8_BLOCK_MAX:
         fail("exchange.block", f"is {config.exchange.block}; an int8 block holds {INT8_BLOCK_MIN} to "

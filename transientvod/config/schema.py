@@ -16,6 +16,7 @@ MODELS = ("resnet",)
 LR_SCALING_RULES = ("linear", "none")
 LR_SCHEDULES = ("cosine", "constant")
 DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("fp32", "bf16")
 CODECS = ("none", "fp16", "bf16", "int8")
 # The int8 block sizes the kernels accept, the op contract of every backend: the CUDA
 # kernels' TV_BLOCK_MIN/MAX (csrc/cuda/compress.cuh; tests/test_cuda_sources.py compares them)
@@ -83,6 +84,10 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"  # auto: one GPU per slot (hvd.local_rank()) when CUDA is present, else CPU
     threads_per_worker: int = 0  # 0: the machine's cores divided among its local workers
+    # bf16: the forward pass and the loss under torch.autocast (CPU or CUDA), backward outside
+    # it. A step whose gradient is not finite is skipped on every rank by the exchange's flag
+    # (any codec or staleness); plain synchronous fp32 (codec none, staleness 0) applies it.
+    precision: str = "fp32"
 
 
 @dataclass

@@ -22,6 +22,7 @@ Nothing here imports horovod: the launcher checks a task (check_task) before hor
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import os
@@ -122,7 +123,8 @@ def _import_file(path: str):
     # A task may import modules beside it, as a script would.
     if str(file.parent) not in sys.path:
         sys.path.insert(0, str(file.parent))
-    name = f"transientvod_task_{file.stem}"
+    # Named by its path too: two task files both called task.py stay two modules.
+    name = f"transientvod_task_{file.stem}_{hashlib.sha1(str(file.resolve()).encode()).hexdigest()[:8]}"
     spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # pickling (a DataLoader's workers, checkpoints) finds its classes

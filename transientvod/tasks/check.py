@@ -32,8 +32,10 @@ def check_task(config: Config) -> Task:
                         "training it would change nothing.")
     call(task, "build_optimizer", lambda: task.optimizer(model, config))
     inputs, target = sample_batch(task, train, "training")
-    output = call(task, "the model's forward pass", lambda: model(inputs))
-    loss = call(task, "loss_fn", lambda: task.loss_fn(output, target))
+    # As a worker runs a step (train.precision): under autocast where it asks for bf16.
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.train.precision == "bf16"):
+        output = call(task, "the model's forward pass", lambda: model(inputs))
+        loss = call(task, "loss_fn", lambda: task.loss_fn(output, target))
     check_loss(task, loss)
     with torch.no_grad():
         model.eval()
@@ -104,4 +106,4 @@ def call(task: Task, what: str, fn: Callable):
     except (TaskError, DataError):
         raise
     except Exception as e:  # noqa: BLE001: the user's code may raise anything
-        raise TaskError(str(TaskFailed(what, task.source, e)) + "; fix it there.") from None
+        raise TaskError(str(TaskFailed(what, task.source, e)) + "; fix the task there, or the config it reads.") from None
