@@ -50,13 +50,13 @@ from transientvod.elastic import (CommitPolicy, CommitVote, ShardSampler, Transi
                                   network_address)
 from transientvod.evaluation import evaluate
 from transientvod.exchange import GradientExchange, SynchronousStep
-from transientvod.job_channel import (JOB_ERRORS, LAUNCHER_ENV, TOKEN_ENV, ChannelError, ChannelRecord,
-                                      LocalRecord, fetch_config, is_channel_url)
+from transientvod.job_channel import TOKEN_ENV, ChannelError, ChannelRecord, LocalRecord, fetch_config, is_channel_url
 from transientvod.remote_hosts import RemoteHostsError, check_marker_seen
 from transientvod.schedule import OptimizerSchedule
 from transientvod.tasks import Task, TaskError, TaskFailed, load_task
 from transientvod.tracking.store import TrackingError
-from transientvod.worker_setup import benchmark_delay, parameter_checksum, pick_device, start_notice_watcher
+from transientvod.worker_setup import (benchmark_delay, parameter_checksum, pick_device, report_job_error,
+                                       start_notice_watcher)
 
 # The whole job stops (report_job_error): the task is wrong or its code raised, the checkpoint
 # does not fit. 2: a setting for this host to fix.
@@ -311,23 +311,6 @@ def train(config: Config, record) -> None:
         log.info("finished %d steps; %s; cost $%.4f (on-demand $%.4f)", state.step,
                  ", ".join(f"{name} {value:.4f}" for name, value in metrics.items()),
                  summary["cost"]["cost_usd"], summary["cost"]["on_demand_usd"])
-
-
-def report_job_error(record, error: Exception) -> None:
-    """An error that stops the whole job, into the run's records: the launcher prints it once
-    and stops horovodrun (launcher.py). Without it, the other ranks would go on without this
-    one, or each print the same traceback. A TaskFailed carries the traceback of the task's
-    own code; the others are one sentence."""
-    rank = hvd.rank() if hvd.is_initialized() else -1
-    details = getattr(error, "details", "")
-    record.append(JOB_ERRORS, {"rank": rank, "host": os.environ.get("HOROVOD_HOSTNAME", ""), "error": str(error),
-                               "traceback": details, "time": time.time()})
-    if hasattr(record, "flush"):
-        record.flush()  # before this process exits: the launcher stops the job on it
-    log.error("rank %d: %s", rank, error)
-    if details and not os.environ.get(LAUNCHER_ENV):
-        # Started by hand, without the launcher: nobody else will print it.
-        log.error("%s", details)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,10 +1,13 @@
 """What every worker process sets up, in task mode (train.py) and library mode (library/):
 its device, its interruption-notice watcher, the benchmarks' stand-in for accelerator time, and
-the parameters' checksum that the job's events record after every sync."""
+the parameters' checksum that the job's events record after every sync, and the report of an
+error that stops the whole job."""
 from __future__ import annotations
 
+import logging
 import os
 import random
+import sys
 import time
 import zlib
 
@@ -13,6 +16,9 @@ import torch
 import horovod.torch as hvd
 
 from transientvod.config import Config, ConfigError
+from transientvod.job_channel import JOB_ERRORS, LAUNCHER_ENV
+
+log = logging.getLogger(__name__)
 
 
 def benchmark_delay():
@@ -80,3 +86,44 @@ def parameter_checksum(model: torch.nn.Module) -> str:
     for tensor in model.state_dict().values():
         crc = zlib.crc32(tensor.detach().cpu().contiguous().numpy().tobytes(), crc)
     return f"{crc:08x}"
+
+
+def report_job_error(record, error: Exception) -> None:
+    """An error that stops the whole job, into the run's records: the launcher prints it once
+    and stops horovodrun (launcher.py). Without it, the other ranks would go on without this
+    one, or each print the same traceback. A TaskFailed carries the traceback of the task's
+    own code; the others are one sentence."""
+    rank = hvd.rank() if hvd.is_initialized() else -1
+    details = getattr(error, "details", "")
+    record.append(JOB_ERRORS, {"rank": rank, "host": os.environ.get("HOROVOD_HOSTNAME", ""), "error": str(error),
+                               "traceback": details, "time": time.time()})
+    if hasattr(record, "flush"):
+        record.flush()  # before this process exits: the launcher stops the job on it
+    log.error("rank %d: %s", rank, error)
+    if details and not os.environ.get(LAUNCHER_ENV):
+        # Started by hand, without the launcher: nobody else will print it.
+        log.error("%s", details)
+
+
+def report_uncaught_errors(record, script: str) -> None:
+    """Library mode: an exception the script lets escape (its own code's, not Horovod's two
+    recoveries) stops the whole job as a task's does: recorded for the launcher, which prints
+    its traceback once and ends horovodrun, instead of the survivors training on without
+    this rank, or every rank printing the same traceback."""
+    from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+
+    from transientvod.tasks import TaskFailed
+
+    previous = sys.excepthook
+
+    def hook(kind, error, traceback):
+        if not issubclass(kind, Exception) or issubclass(kind, (HorovodInternalError, HostsUpdatedInterrupt)):
+            return previous(kind, error, traceback)
+        try:
+            report_job_error(record, TaskFailed("a step", script, error, kind="script"))
+        except Exception:  # noqa: BLE001: the record itself failed; Python's own report still comes
+            return previous(kind, error, traceback)
+        if hasattr(record, "close"):
+            record.close()
+
+    sys.excepthook = hook

@@ -189,3 +189,51 @@ def test_script_resumes_from_its_durable_checkpoint(job):
     assert [e["step"] for e in events[:2]] == [0, 0]
     assert len(events) == 4 and all(e["step"] >= steps for e in events[2:]), events
     assert again.summary()["steps"] > steps
+
+
+RAISING_SCRIPT = """
+import torch
+import horovod.torch as hvd
+import transientvod
+
+hvd.init()
+model = torch.nn.Linear(4, 2)
+optimizer = transientvod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                              named_parameters=model.named_parameters())
+state = transientvod.ElasticState(model, optimizer, batch=0)
+
+
+@hvd.elastic.run
+def train(state):
+    while state.batch < 300:
+        optimizer.zero_grad()
+        model(torch.randn(8, 4)).sum().backward()
+        optimizer.step()
+        state.batch += 1
+        if state.batch == 30 and hvd.rank() == 1:
+            raise ValueError("the script's own bug")
+        if state.batch % 10 == 0 or state.commit_requested():
+            state.commit()
+
+
+train(state)
+state.finish()
+"""
+
+
+@pytest.mark.slow
+def test_a_script_that_raises_on_one_rank_stops_the_job_with_its_traceback_once(job, tmp_path):
+    # Without the script's error recorded, rank 0 would roll back and train on alone.
+    script = tmp_path / "raising.py"
+    script.write_text(RAISING_SCRIPT)
+    j = job("raising", tracking={"enabled": False})
+    base_argv = j.argv
+    j.argv = lambda discovery: base_argv(discovery) + ["--script", str(script)]
+    done = j.run(j.discovery(f"0={BOTH}"), timeout=150)
+    log = done.stdout + done.stderr
+    assert done.returncode == 3, explain(done)
+    assert log.count("Traceback (most recent call last)") == 1, explain(done)
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"transientvod: a step in the script {script} raised ValueError: the script's own bug "
+                           "(raising.py, line 21) (rank 1)"), last
+    assert not (j.run_dir / "summary.json").exists()

@@ -32,6 +32,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import time
 
 import horovod.torch as hvd
@@ -45,7 +46,8 @@ from transientvod.config import to_yaml
 from transientvod.elastic import CommitPolicy, CommitVote, TransientState
 from transientvod.library.job import job_config
 from transientvod.library.optimizer import DistributedOptimizer
-from transientvod.worker_setup import benchmark_delay, parameter_checksum, start_notice_watcher
+from transientvod.worker_setup import (benchmark_delay, parameter_checksum, report_uncaught_errors,
+                                       start_notice_watcher)
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +90,7 @@ class ElasticState(TransientState):
                              "name (batch, for example).")
         speak_for_the_job()
         config, record = job_config()
+        report_uncaught_errors(record, os.path.abspath(sys.argv[0]))
         sampler_name = next((name for name, value in kwargs.items() if isinstance(value, ElasticSampler)), None)
         sampler = kwargs.pop(sampler_name) if sampler_name else None
         epoch = kwargs.pop("epoch", 0)

@@ -53,10 +53,10 @@ class TaskFailed(RuntimeError):
     """The task's own code raised while the job ran; `details` is its traceback. The job stops:
     the launcher prints the traceback once and ends horovodrun (train.py, launcher.py)."""
 
-    def __init__(self, what: str, source: str, error: BaseException):
+    def __init__(self, what: str, source: str, error: BaseException, kind: str = "task"):
         self.details = "".join(traceback.format_exception(error))
         where = task_frame(error, source)
-        super().__init__(f"{what} in the task {source} raised {type(error).__name__}: {error}{where}")
+        super().__init__(f"{what} in the {kind} {source} raised {type(error).__name__}: {error}{where}")
 
 
 def default_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
