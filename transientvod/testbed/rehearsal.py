@@ -24,6 +24,8 @@ class RehearsalError(RuntimeError):
 
 class Rehearsal:
     def __init__(self, record: Record, directory: Path, name: str, config: dict):
+        # Absolute: the job runs from this directory, where a relative path would be read twice.
+        directory = Path(directory).resolve()
         config = {**config, "run": {"name": name, "output_dir": str(directory / "runs")}}
         self.record = record
         self.run_dir = directory / "runs" / name
