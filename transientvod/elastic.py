@@ -180,8 +180,9 @@ class StalenessRule:
         return self.momentum_for(self.momentum, step)
 
     def momentum_for(self, momentum: float, step: int) -> float:
-        """An optimizer's `momentum` (SGD's, RMSprop's) at `step`. Adam-family optimizers have
-        none and keep their betas: only the learning rate's /(1 + s) (stale_lr) touches them."""
+        """An optimizer's momentum at `step`: SGD's or RMSprop's `momentum`, or the Adam family's
+        beta1 (schedule.py). Lowering beta1 alike won back part of what a delay of 2 costs AdamW
+        (benchmarks/RESULTS.md, "AdamW under staleness"), not all of it."""
         if not self.stale_momentum or self.delay(step) == 0:
             return momentum
         return max(0.0, momentum - self.staleness / (self.staleness + 1))

@@ -130,7 +130,7 @@ class ExchangeConfig:
     # default, at 0 a third, stale all of it (exchange.BACKWARD_BUCKETS).
     bucket_elements: int | None = None
     stale_lr: bool = False  # divide the learning rate by 1 + s
-    stale_momentum: bool = True  # while s > 0: momentum - s/(s+1), at least 0 (a delay adds that much of its own)
+    stale_momentum: bool = True  # while s > 0: momentum (Adam: beta1) - s/(s+1), at least 0 (a delay adds that much of its own)
     sync_warmup: bool = True  # the first optimizer.warmup_steps run at staleness 0, then s
 
 

@@ -32,6 +32,7 @@ from transientvod.config import Config
 from transientvod.elastic import StalenessRule
 from transientvod.exchange import GradientExchange
 from transientvod.horovod_wait import wait_for_distributed_optimizer
+from transientvod.schedule import StaleMomentum
 
 log = logging.getLogger(__name__)
 
@@ -193,9 +194,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     From the job's config: `exchange.staleness`, `codec`, `block`, `min_compress_elements`,
     `bucket_elements` (null: the staleness's default cut; no tuning, which needs train.steps),
     `sync_warmup` (the first `optimizer.warmup_steps` steps synchronous) and `stale_momentum`
-    (while stale, every group's `momentum`, where it has one, is lowered by s/(s+1) from the
-    value it had when wrapped). The script's learning rate is its own: `optimizer.lr*` and
-    `exchange.stale_lr` are the task loop's.
+    (while stale, every group's momentum, SGD's `momentum` or Adam's beta1, is lowered by
+    s/(s+1) from the value it had when wrapped: schedule.StaleMomentum). The script's
+    learning rate is its own: `optimizer.lr*` and `exchange.stale_lr` are the task loop's.
 
     In an elastic job, pass it to `transientvod.ElasticState`, which counts its steps (a
     rollback restores the count) and drops gradients in flight when the ring changes.
@@ -236,7 +237,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._path = HorovodAllreduce(optimizer, named_parameters, backward_passes_per_step)
         else:
             self._path = ExchangeSteps(optimizer, params, config, self.codec, backward_passes_per_step)
-        self._momentum_rules = self._staleness_rules(config)
+        self._momentum = self._stale_momentum(optimizer, config)
         self._progress = StepCount()
         self._synchronized = False  # this step's average is in .grad (synchronize() ran)
         self._due = False  # and step() is to apply it
@@ -265,14 +266,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         in_ids = {id(p) for p in in_optimizer}
         return [p for _, p in named if id(p) in in_ids]  # model order: buckets are cut backwards from it
 
-    def _staleness_rules(self, config: Config) -> list[StalenessRule | None]:
-        """Each group's momentum under staleness (elastic.StalenessRule), from its value now."""
+    @staticmethod
+    def _stale_momentum(optimizer: torch.optim.Optimizer, config: Config) -> StaleMomentum:
+        """Each group's momentum (SGD's, or Adam's beta1) under staleness, from its value now."""
         ex = config.exchange
         stale_from = config.optimizer.warmup_steps if ex.sync_warmup else 0
-        if self.staleness == 0 or not ex.stale_momentum:
-            return [None for _ in self.param_groups]
-        return [StalenessRule(ex.staleness, group["momentum"], True, stale_from) if "momentum" in group else None
-                for group in self.param_groups]
+        return StaleMomentum(optimizer, StalenessRule(ex.staleness, 0.0, ex.stale_momentum, stale_from))
 
     # -- what a training loop calls -----------------------------------------------------------
 
@@ -286,9 +285,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._local_only:
             return
         step = self._progress.step
-        for group, rule in zip(self.param_groups, self._momentum_rules):
-            if rule is not None:
-                group["momentum"] = rule.momentum_at(step)
+        self._momentum.apply(self.param_groups, step)
         self._due = self._path.average(step)
         self._synchronized = True
 
