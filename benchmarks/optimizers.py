@@ -5,10 +5,11 @@
     python benchmarks/optimizers.py --steps 50 --settings none-s0 --no-write   # a smoke run of the plumbing
 
 The staleness rule was made for SGD with momentum: while stale it lowers a param group's
-`momentum` by s/(s+1), and only a group that has a `momentum` key; an Adam-family optimizer
-keeps its betas, so what staleness changes for AdamW is the delay alone, and the rate only
+momentum by s/(s+1). Until 2cbfdbd that was only a group's `momentum` key, so AdamW kept its
+betas (the first run in benchmarks/results/optimizers.json); since, the Adam family's beta1
+(its momentum) is lowered alike, beta2 kept (schedule.StaleMomentum). The rate changes only
 with `exchange.stale_lr` (lr / (1 + s)). The synchronous warm-up (the first
-optimizer.warmup_steps at s = 0) applies to every optimizer. This measures what that costs.
+optimizer.warmup_steps at s = 0) applies to every optimizer. This measures what staleness costs.
 
 examples/char_transformer (its task.py and its config.yaml as they ship: a 2-layer, width-64
 transformer, 137,216 parameters, AdamW at lr 0.003 with no lr scaling, 20 warm-up steps,
