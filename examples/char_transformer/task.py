@@ -20,8 +20,8 @@ every test byte is scored exactly once.
 The job reports `test_loss` (cross-entropy per byte, in nats) and `test_char_accuracy` (how
 often the most likely next byte is the right one). For scale, on Python 3.11's sources: guessing
 uniformly scores ln 256 = 5.55, knowing only how often each byte occurs 2.86, and always
-guessing a space (two bytes in five) is right 39 % of the time; the config below reaches 1.47
-and 63 % in 800 steps.
+guessing a space (two bytes in five) is right 39 % of the time. What the config below reaches,
+on 4 hosts at staleness 0 and 2: benchmarks/RESULTS.md, "AdamW under staleness".
 
 Settings (`task_settings:` in the config; every key has a default below).
 """
