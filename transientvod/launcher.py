@@ -282,7 +282,7 @@ def run_job(config: Config, discovery: str | None = None, script: list[str] | No
         prepared = prepare(config, discovery, script)
         summary_path = config.run_dir / "summary.json"
         summary_path.unlink(missing_ok=True)
-        with head_services(config, prepared) as services:
+        with head_services(config, prepared) as services, job_instances_ended_at_exit(config):
             worker_config = services.worker_config if services else str(prepared.config_path)
             argv = horovodrun_command(config, worker_config, prepared.discovery, script)
             print(f"transientvod: starting {' '.join(shlex.quote(a) for a in argv)}", flush=True)
@@ -329,6 +329,39 @@ def run_job(config: Config, discovery: str | None = None, script: list[str] | No
         from transientvod.tracking.run import close_run
         close_run(config, summary, succeeded=returncode == 0)
     return JobResult(returncode, wall, summary, why)
+
+
+@contextlib.contextmanager
+def job_instances_ended_at_exit(config: Config):
+    """Once the job has started: at its end, however it ends (finished, failed, Ctrl-C), every
+    instance of an AWS job is terminated, and its fleet stops (spot/job_instances.py, the same
+    function `transientvod down` calls), unless spot.end_instances_at_exit is false. A job that
+    fails its checks before it starts leaves them running, to be fixed and started again."""
+    if config.spot.provider != "aws" or not config.spot.end_instances_at_exit:
+        yield
+        return
+    try:
+        yield
+    finally:
+        end_job_instances(config)
+
+
+def end_job_instances(config: Config) -> list:
+    """Terminates every instance of the AWS job of `config` and prints what it ended; an AWS
+    error is one sentence naming what to end by hand, never a traceback over the job's own end."""
+    from transientvod.spot.job_instances import JobInstances, describe_ended
+    from transientvod.spot.provider import ProviderError
+
+    spot = config.spot
+    try:
+        job = JobInstances(spot.job_tag, spot.region or None, spot.endpoint_url or None, whose="the launcher's")
+        ended = job.end_all(by="launcher")
+    except ProviderError as e:
+        print(f"transientvod: could not end the instances of job {spot.job_tag} ({e}); run 'transientvod down "
+              f"--job-tag {spot.job_tag}'.", file=sys.stderr, flush=True)
+        return []
+    print(f"transientvod: the job ended; {describe_ended(spot.job_tag, ended, 'the launcher')}", flush=True)
+    return ended
 
 
 @contextlib.contextmanager

@@ -157,6 +157,9 @@ class SpotConfig:
     job_tag: str = ""  # instances tagged transientvod:job=<job_tag> belong to the job
     region: str = ""
     queue_url: str = ""  # SQS queue fed by the EventBridge interruption/rebalance rules
+    # At the job's end (finished, failed, Ctrl-C) the launcher terminates every instance tagged
+    # transientvod:job=<job_tag>, as `transientvod down` does (its fleet stops too); false keeps them.
+    end_instances_at_exit: bool = True
     # aws and gce
     host_name: str = "private-dns"  # or private-ip; gce: private-dns is the instance's name (internal DNS)
     slots: int = 0  # 0: GPUs per instance (aws: its type's; gce: its guestAccelerators)

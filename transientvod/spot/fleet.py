@@ -6,6 +6,9 @@ launches one-time spot instances until `target` of them are pending or running. 
 that is stopping, shutting down, stopped or terminated (EC2 revoked it, or someone ended it)
 no longer counts; the next pass launches its replacement. At the end, or on Ctrl-C, the fleet
 terminates every instance of the job, the ones it found as well as the ones it started.
+A fleet whose pass finds an instance of the job marked `transientvod:ended-by` (what
+`transientvod down` and a launcher at its job's end tag before they terminate, job_instances.py)
+launches nothing more, terminates the rest and returns: the job was ended, from any machine.
 
 The budget rule is billing/budget.py's: before each launch, spent() plus an hour (the
 horizon) of everything running and the new server must stay within the budget; a pass that
@@ -45,6 +48,7 @@ from transientvod.billing.budget import budget_horizon_hours, launch_verdict
 from transientvod.billing.meter import billed_seconds
 from transientvod.spot.aws import FILTER_VALUES_PER_CALL, GONE_STATES, INSTANCE_STATES, aws_error
 from transientvod.spot.fleet_spec import FleetAction, FleetSpec
+from transientvod.spot.job_instances import ended_by
 from transientvod.spot.provider import ProviderError
 
 log = logging.getLogger(__name__)
@@ -105,6 +109,12 @@ class Fleet:
         self._replaced: set[str] = set()
         self._image_checked = False
         self._holding = False
+        # Set once `transientvod down` (or a launcher at its job's end) has marked an instance of
+        # the job ended (job_instances.py): "down" or "launcher", and the instance it saw it on.
+        self.ended_by: tuple[str, str] | None = None
+        # Instances already ended and marked at the first pass: an earlier job's ending, which
+        # EC2 keeps listing for about an hour; a new fleet of the same tag must not stop on it.
+        self._old_marks: set[str] | None = None
         # run() may reconcile on one thread while another asks spent().
         self._lock = threading.RLock()
         self.region = region
@@ -121,6 +131,8 @@ class Fleet:
             self._check_image()
             now = self._clock()
             instances = self._instances(now)
+            if self._job_was_ended(instances):
+                return []
             alive = [i for i in instances if _state(i) in ALIVE_STATES]
             lost = sorted((i for i in instances if i["InstanceId"] in self._seen_alive
                            and i["InstanceId"] not in self._replaced and _state(i) not in ALIVE_STATES),
@@ -194,6 +206,10 @@ class Fleet:
                     log.warning("fleet of job %s could not reconcile (%s); trying again in %g s.",
                                 self.spec.job_tag, e, poll_seconds)
                 reconciled_once = True
+                if self.ended_by is not None:
+                    log.info("job %s was ended by %s (instance %s is marked so); the fleet stops and "
+                                "terminates the rest.", self.spec.job_tag, *self.ended_by)
+                    break
                 if until is not None and until():
                     break
                 stop.wait(poll_seconds)
@@ -249,6 +265,20 @@ class Fleet:
                     log.warning("instance %s (%s) of job %s is %s (%s).", instance_id, instance.get("InstanceType"),
                                 self.spec.job_tag, _state(instance), self._why_ended(instance))
         return list(self._seen.values())
+
+    def _job_was_ended(self, instances: list[dict]) -> bool:
+        """Whether an instance of the job carries the ended-by mark of a `down` (or of a
+        launcher at its job's end) made since this fleet's first pass, or made on an instance
+        still alive then (an ending under way); records who in `ended_by`."""
+        if self.ended_by is not None:
+            return True
+        marked = {i["InstanceId"]: (ended_by(i), _state(i)) for i in instances if ended_by(i)}
+        if self._old_marks is None:
+            self._old_marks = {iid for iid, (_, state) in marked.items() if state not in ALIVE_STATES}
+        fresh = sorted(iid for iid in marked if iid not in self._old_marks)
+        if fresh:
+            self.ended_by = (marked[fresh[0]][0], fresh[0])
+        return self.ended_by is not None
 
     def _price(self, instance: dict) -> float:
         instance_type = instance.get("InstanceType")
