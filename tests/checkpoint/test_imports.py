@@ -17,6 +17,8 @@ ALLOWED = {
     "s3": {"transientvod.checkpoint.format", "transientvod.checkpoint.store", "transientvod.aws_clients"},
     "__init__": {"transientvod.checkpoint.format", "transientvod.checkpoint.store",
                  "transientvod.checkpoint.local", "transientvod.checkpoint.s3"},
+    # The newest checkpoint's step and world size, for `transientvod status`: above the stores.
+    "progress": {"transientvod.checkpoint", "transientvod.checkpoint.s3"},
 }
 
 
