@@ -257,3 +257,32 @@ def test_the_shared_module_imports_neither_torch_nor_horovod():
     from conftest import heavy_modules_imported
 
     assert heavy_modules_imported("transientvod.spot.job_instances", "transientvod.spot.job_status") == []
+
+
+def test_status_finds_the_job_its_checkpoints_and_queue_through_the_config(aws, tmp_path):
+    import yaml
+
+    instance = aws.launch()
+    checkpoint_dir = write_checkpoint(aws, step=80, world_sizes=[4])
+    queue = aws.session.client("sqs", endpoint_url=aws.url).create_queue(QueueName="status-notices")["QueueUrl"]
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump({
+        "spot": {"provider": "aws", "job_tag": JOB, "region": "us-east-1", "endpoint_url": aws.url,
+                 "queue_url": queue},
+        "checkpoint": {"dir": checkpoint_dir}}))
+    done = subprocess.run(TRANSIENTVOD + ["status", "--config", str(config), "--json"], capture_output=True,
+                          text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    status = json.loads(done.stdout)
+    assert [i["instance_id"] for i in status["instances"]] == [instance]
+    assert status["checkpoint"] == {"step": 80, "world_size": 4, "location": f"{checkpoint_dir}/step-000000080"}
+    assert status["notice_sources"] == ["spot request status", "instance state", "notice queue"]
+
+
+def test_status_of_a_local_checkpoint_dir_not_there_says_so_and_makes_nothing(aws, tmp_path):
+    missing = tmp_path / "checkpoints"
+    done = aws.cli("status", "--job-tag", JOB, "--checkpoint-dir", str(missing))
+    assert done.returncode == 0, done.stderr
+    assert f"checkpoint: no checkpoint in {missing} yet" in done.stdout
+    assert "instances: none (EC2 lists no instance tagged transientvod:job=status-job in us-east-1)" in done.stdout
+    assert not missing.exists()

@@ -4,6 +4,7 @@ directory), so the answer is the job's durable record, not a local file that may
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from transientvod.checkpoint import open_store
@@ -23,6 +24,8 @@ def newest_progress(uri: str, endpoint_url: str | None = None) -> CheckpointProg
     if uri.startswith("s3://") and endpoint_url:
         from transientvod.checkpoint.s3 import S3CheckpointStore
         store = S3CheckpointStore(uri, endpoint_url=endpoint_url)
+    elif "://" not in uri and not os.path.isdir(uri):
+        return None  # a reader makes nothing: the local store would create the directory
     else:
         store = open_store(uri)
     checkpoint = store.load_latest()
