@@ -151,6 +151,12 @@ def test_down_ends_every_instance_then_says_nothing_was_running(aws):
     assert all({"Key": ENDED_BY_TAG_KEY, "Value": "down"} in i["Tags"] for i in ended.values())
     assert set(aws.instances(job="another-job")) == {bystander}
 
+    # status, after: nothing running, the ended ones still listed and billed up to their end.
+    after = json.loads(aws.cli("status", "--job-tag", JOB, "--json").stdout)
+    assert after["running"] == 0
+    assert {i["instance_id"]: i["ended_by"] for i in after["instances"]} == dict.fromkeys([*running, stopped], "down")
+    assert all(i["state"] in ("shutting-down", "terminated") and i["billed_seconds"] >= 60 for i in after["instances"])
+
     again = aws.cli("down", "--job-tag", JOB)
     assert again.returncode == 0, again.stderr
     assert again.stdout == (f"transientvod down: job {JOB} has no instance pending, running, stopping or "
