@@ -292,3 +292,25 @@ def test_status_of_a_local_checkpoint_dir_not_there_says_so_and_makes_nothing(aw
     assert f"checkpoint: no checkpoint in {missing} yet" in done.stdout
     assert "instances: none (EC2 lists no instance tagged transientvod:job=status-job in us-east-1)" in done.stdout
     assert not missing.exists()
+
+
+@pytest.mark.slow
+def test_a_failed_aws_job_started_by_train_ends_its_instances(aws, job):
+    """A whole `transientvod train` with spot.provider aws: its only instance is stopped, so no
+    host ever joins and horovodrun gives up after cluster.elastic_timeout; the launcher's end
+    then terminates the stopped instance (it would bill its disks, and could be started again)."""
+    stopped = aws.launch()
+    aws.ec2.stop_instances(InstanceIds=[stopped])
+    bystander = aws.launch(job="another-job")
+    tiny = job("aws-end", spot={"provider": "aws", "job_tag": JOB, "region": "us-east-1", "endpoint_url": aws.url},
+               cluster={"min_np": 1, "max_np": 1, "elastic_timeout": 5, "network_interface": "lo"},
+               tracking={"enabled": False})
+    done = tiny.run(timeout=240)
+    assert done.returncode != 0
+    assert "fewer than cluster.min_np (1) workers" in done.stderr, done.stderr[-3000:]
+    assert (f"transientvod: the job ended; the launcher terminated 1 instance of job {JOB}: {stopped} "
+            f"({GPU}, stopped).") in done.stdout, done.stdout[-3000:]
+    ended = aws.instances(states=("shutting-down", "terminated"))
+    assert set(ended) == {stopped}
+    assert {"Key": ENDED_BY_TAG_KEY, "Value": "launcher"} in ended[stopped]["Tags"]
+    assert set(aws.instances(job="another-job")) == {bystander}
