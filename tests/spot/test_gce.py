@@ -320,7 +320,8 @@ def test_the_notice_length_is_the_instances_preemption_notice_duration(cloud):
         cloud.state.set_status(name, "STOPPING")
     hosts = by_id(provider.poll(NOW + 3))
     assert {name: h.terminate_at - h.notice_at for name, h in hosts.items()} == {
-        "long-notice": 120.0, "default-notice": GCE_PREEMPTION_NOTICE_SECONDS, "odd-notice": GCE_PREEMPTION_NOTICE_SECONDS}
+        "long-notice": 120.0, "default-notice": GCE_PREEMPTION_NOTICE_SECONDS,
+        "odd-notice": GCE_PREEMPTION_NOTICE_SECONDS}
     assert GCE_PREEMPTION_NOTICE_SECONDS == 30.0
 
 

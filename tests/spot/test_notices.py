@@ -512,7 +512,8 @@ class ComputeInstanceHandler(BaseHTTPRequestHandler):
         elif self.headers.get("Authorization") != f"Bearer {compute['token']}":
             status, answer = 401, {"error": {"code": 401, "message": "Request had invalid authentication credentials."}}
         elif compute["status"] != 200:
-            status, answer = compute["status"], {"error": {"code": compute["status"], "message": "Insufficient Permission"}}
+            status = compute["status"]
+            answer = {"error": {"code": status, "message": "Insufficient Permission"}}
         else:
             status, answer = 200, {"kind": "compute#instance", "name": "worker-3", "status": "RUNNING",
                                    "scheduling": compute["scheduling"]}

@@ -91,8 +91,8 @@ class GceNoticeSource(NoticeSource):
             where[key] = body.decode("ascii", "replace").strip().rsplit("/", 1)[-1]
         seconds, why_not = self._notice_seconds_from_compute(**where)
         if why_not:
-            log.warning("The preemption notice length is taken as GCE's default %.0f s: %s", GCE_PREEMPTION_NOTICE_SECONDS,
-                        why_not)
+            log.warning("The preemption notice length is taken as GCE's default %.0f s: %s",
+                        GCE_PREEMPTION_NOTICE_SECONDS, why_not)
         self.notice_seconds = seconds or GCE_PREEMPTION_NOTICE_SECONDS
 
     def _notice_seconds_from_compute(self, project: str, zone: str, name: str) -> tuple[float | None, str]:
@@ -107,8 +107,8 @@ class GceNoticeSource(NoticeSource):
         try:
             token = json.loads(body)["access_token"]
         except (ValueError, KeyError, TypeError):
-            raise NoticeSourceError(f"{self.ENDPOINT} at {self.base_url} answered {path} with something that "
-                                    "is not an access token; run on a GCE VM or choose another notice source.") from None
+            raise NoticeSourceError(f"{self.ENDPOINT} at {self.base_url} answered {path} with something that is "
+                                    "not an access token; run on a GCE VM or choose another notice source.") from None
         url = (f"{self.compute_url}/compute/v1/projects/{urllib.parse.quote(project)}/zones/"
                f"{urllib.parse.quote(zone)}/instances/{urllib.parse.quote(name)}")
         request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
