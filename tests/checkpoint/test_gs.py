@@ -371,3 +371,10 @@ def test_checkpoint_module_loads_google_cloud_storage_only_when_gs_is_used():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[2])
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_an_unsupported_scheme_names_the_ones_that_are():
+    with pytest.raises(CheckpointError) as raised:
+        open_store("ftp://files.example/ckpt")
+    assert str(raised.value) == ("checkpoint location ftp://files.example/ckpt has scheme 'ftp://', which is not "
+                                 "supported; use a local directory, a file:// URI, an s3:// URI or a gs:// URI.")
