@@ -46,6 +46,7 @@ class GcsProxy:
         self.seen: list[tuple[str, str, int]] = []  # (method, path?query, status) of every request
         self._injected: list[tuple[int, str, str | None]] = []
         self.damage_download_of = ""  # the next media download whose path ends so is damaged
+        self.damage_upload_of = ""  # the next one-request upload of an object so named is damaged
         self._lock = threading.Lock()
         proxy = self
 
@@ -69,6 +70,16 @@ class GcsProxy:
                                                     "errors": [{"reason": reason}]}}).encode()
                     headers = {"Content-Type": "application/json; charset=UTF-8"}
                 else:
+                    if self.command == "POST" and "uploadType=multipart" in self.path:
+                        with proxy._lock:
+                            # The object's name is in the metadata part, before the bytes.
+                            damage = bool(proxy.damage_upload_of) and \
+                                f'"{proxy.damage_upload_of}"'.encode() in body[:4096]
+                            if damage:
+                                proxy.damage_upload_of = ""
+                        if damage:  # a byte in the middle: the file's bytes, not the metadata
+                            middle = len(body) // 2
+                            body = body[:middle] + bytes([body[middle] ^ 0xFF]) + body[middle + 1:]
                     upstream = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=30)
                     forwarded = {k: v for k, v in self.headers.items() if k.lower() not in ("connection",)}
                     upstream.request(self.command, self.path, body=body, headers=forwarded)
@@ -113,6 +124,7 @@ class GcsProxy:
             self._injected.clear()
             self.seen.clear()
             self.damage_download_of = ""
+            self.damage_upload_of = ""
 
     def close(self) -> None:
         self.server.shutdown()
@@ -205,6 +217,22 @@ def test_bytes_damaged_on_the_way_down_fail_the_crc32c_check_and_the_older_check
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [f"checkpoint {newest} is corrupted (state.pt does not match the checksum Cloud Storage "
                         "stored with it); skipping it"]
+
+
+def test_bytes_damaged_on_the_way_up_are_refused_and_the_step_stays_without_a_manifest(proxy, bucket, uri):
+    # The CRC32C goes with each upload, so the server refuses bytes that do not match it.
+    store = GcsCheckpointStore(uri, project=PROJECT)
+    store.save(100, make_state(100), CONFIG_YAML)
+    prefix = uri.removeprefix(f"gs://{BUCKET}/")
+    proxy.damage_upload_of = f"{prefix}/step-000000200/state.pt"
+    with pytest.raises(CheckpointError) as raised:
+        store.save(200, make_state(200), CONFIG_YAML)
+    assert proxy.damage_upload_of == ""  # the damage was done
+    message = str(raised.value)
+    assert message.startswith(f"checkpoint store {uri} cannot be written: Cloud Storage answered HTTP 4"), message
+    assert_one_sentence(message)
+    assert not [name for name in names_under(bucket, uri) if name.startswith("step-000000200/")]
+    assert store.steps() == [100] and store.load_latest().step == 100
 
 
 def test_a_damaged_latest_pointer_is_ignored_and_the_newest_checkpoint_loads(proxy, uri, caplog):
