@@ -78,6 +78,18 @@ def test_checkpoint_interval_must_hold_committed_state():
         load_config(None, ["train.commit_every=30", "train.checkpoint_every=100"])
 
 
+@pytest.mark.parametrize("url", ["gs://", "gs:///ckpt/run7", "s3://", "S3:///ckpt"])
+def test_object_store_checkpoint_dir_without_a_bucket_is_one_sentence(url):
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, [f"checkpoint.dir={url}"])
+    message = str(raised.value)
+    scheme = url.split(":")[0].lower()
+    assert message.endswith(f": checkpoint.dir is {url!r}, which names no bucket; "
+                            f"write it as {scheme}://bucket/prefix."), message
+    # With a bucket it loads.
+    assert load_config(None, [f"checkpoint.dir={scheme}://ckpt-bucket/run7"]).checkpoint.dir == f"{scheme}://ckpt-bucket/run7"
+
+
 def test_bad_override_syntax():
     with pytest.raises(ConfigError, match="section.key=value"):
         load_config(None, ["train.steps"])

@@ -29,3 +29,12 @@ def test_openmp_settings_reach_the_workers():
     openmp = {"OMP_NUM_THREADS": "4", "OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "1000", "KMP_BLOCKTIME": "0",
               "MKL_NUM_THREADS": "4"}
     assert worker_environment({**openmp, "EDITOR": "vi"}) == openmp
+
+
+def test_cloud_storage_settings_reach_the_workers_and_the_key_file_does_not(caplog):
+    # A gs:// checkpoint.dir is written by rank 0 wherever it runs: the project and an
+    # emulator's address are settings; a key file stays with the launcher.
+    caplog.set_level(logging.WARNING, logger="transientvod.worker_env")
+    settings = {"GOOGLE_CLOUD_PROJECT": "tvd-study", "STORAGE_EMULATOR_HOST": "http://127.0.0.1:9023"}
+    assert worker_environment({**settings, "GOOGLE_APPLICATION_CREDENTIALS": "/home/u/key.json"}) == settings
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in caplog.records[0].getMessage()

@@ -5,7 +5,7 @@ Separate VMs share no disk unless the user mounts one. So, for a job with remote
 - `check_checkpoint_reach`: a local `checkpoint.dir` must be on a mount every remote host
   shares, or the durable checkpoints land on whichever host rank 0 was on and a restart on
   new hosts finds none. The launcher writes a marker file there and asks each host over SSH
-  whether it sees it: a shared mount passes, a private disk is one sentence naming s3://.
+  whether it sees it: a shared mount passes, a private disk is one sentence naming s3:// and gs://.
 - `HeadServices`: the launcher's channel (job_channel.py) serves the resolved config and takes
   the records; a local `sqlite:` tracking store is served through `mlflow server` on the head
   (tracking/head_server.py), and workers get its URL instead of a path they cannot open.
@@ -93,8 +93,8 @@ def check_checkpoint_reach(config: Config, remote: list[str]) -> None:
         others = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise RemoteHostsError(
             f"checkpoint.dir {location} is on this machine's disk, which host {missing[0]}{others} does not "
-            "share, so a restart on new hosts would find no checkpoint; set checkpoint.dir to an s3:// URI, or "
-            "to a path on a file system every host mounts.")
+            "share, so a restart on new hosts would find no checkpoint; set checkpoint.dir to an s3:// or gs:// "
+            "URI, or to a path on a file system every host mounts.")
 
 
 # Left in a local checkpoint.dir while a job with remote hosts runs: a worker that does not see
@@ -109,8 +109,8 @@ def check_marker_seen(config: Config, host: str) -> None:
     if is_local_path(location) and not (local_path(location) / LAUNCHER_MARKER).exists():
         raise RemoteHostsError(
             f"checkpoint.dir {location} is on the launcher's disk, which this host ({host}) does not share, so its "
-            "checkpoints would be lost with it; set checkpoint.dir to an s3:// URI, or to a path on a file system "
-            "every host mounts.")
+            "checkpoints would be lost with it; set checkpoint.dir to an s3:// or gs:// URI, or to a path on a file "
+            "system every host mounts.")
 
 
 class HeadServices:

@@ -5,7 +5,7 @@ horovodrun hands its whole environment to every remote worker on the ssh command
 host can read it with `ps`, and `--verbose` prints it. So the launcher starts horovodrun with
 an allow-list: Horovod's, Gloo's and NCCL's settings, this project's own variables, what
 Python, the shell and ssh need, the non-secret AWS settings (region, endpoint, profile and
-file paths), and the tracking URI. Everything else stays in the launcher, cloud credentials
+file paths), the Google project and Cloud Storage emulator address, and the tracking URI. Everything else stays in the launcher, cloud credentials
 above all: workers read their own (the instance profile, or the file AWS_SHARED_CREDENTIALS_FILE
 names), as the issue of the cloud side asks.
 """
@@ -26,6 +26,9 @@ KEPT_NAMES = frozenset({
     "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE",
     "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_CA_BUNDLE", "AWS_EC2_METADATA_DISABLED",
     "AWS_EC2_METADATA_SERVICE_ENDPOINT",
+    # gs:// checkpoints (checkpoint/gs.py): the project, and an emulator's address; workers'
+    # credentials are their VM's service account
+    "GOOGLE_CLOUD_PROJECT", "STORAGE_EMULATOR_HOST",
 })
 KEPT_PREFIXES = ("HOROVOD_", "GLOO_", "NCCL_", "TRANSIENTVOD_", "PYTHON", "LC_", "NUMBA_", "TORCH_", "CUDA_",
                  "OMPI_", "PMI_",

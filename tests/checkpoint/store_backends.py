@@ -1,9 +1,11 @@
 """What the checkpoint tests share: a state to save, the checks on what comes back, and the
-two stores behind one small interface (`backend`), so that one contract suite runs on both:
-a directory under tmp_path, and an s3:// prefix on a moto server on 127.0.0.1."""
+three stores behind one small interface (`backend`), so that one contract suite runs on each:
+a directory under tmp_path, an s3:// prefix on a moto server on 127.0.0.1, and a gs:// prefix
+on gcp-storage-emulator (PyPI) serving on 127.0.0.1 in this process."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -103,10 +105,60 @@ class S3Backend:
         self.s3.delete_object(Bucket=BUCKET, Key=f"{self.prefix}/{name}")
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(scope="module")
+def gcs_endpoint():
+    """http://127.0.0.1:<port> of a GCS emulator holding BUCKET in memory; STORAGE_EMULATOR_HOST
+    names it while the module's tests run, so google-cloud-storage talks to it without
+    credentials. Port 0, and the port read back from the bound socket: no race for a port."""
+    from gcp_storage_emulator.server import create_server
+
+    server = create_server("127.0.0.1", 0, in_memory=True, default_bucket=BUCKET)
+    server.start()
+    endpoint = f"http://127.0.0.1:{server._api._httpd.server_address[1]}"
+    before = os.environ.get("STORAGE_EMULATOR_HOST")
+    os.environ["STORAGE_EMULATOR_HOST"] = endpoint
+    try:
+        yield endpoint
+    finally:
+        if before is None:
+            os.environ.pop("STORAGE_EMULATOR_HOST", None)
+        else:
+            os.environ["STORAGE_EMULATOR_HOST"] = before
+        server.stop()
+
+
+class GcsBackend:
+    def __init__(self, endpoint: str, prefix: str):
+        from google.cloud import storage
+
+        self.endpoint, self.prefix = endpoint, prefix
+        self.bucket = storage.Client(project="tvd-test").bucket(BUCKET)
+
+    def open(self, keep_last: int = 3) -> CheckpointStore:
+        from transientvod.checkpoint.gs import GcsCheckpointStore
+
+        return GcsCheckpointStore(f"gs://{BUCKET}/{self.prefix}", keep_last=keep_last, project="tvd-test")
+
+    def names(self) -> list[str]:
+        return sorted(blob.name[len(self.prefix) + 1:] for blob in self.bucket.client.list_blobs(
+            BUCKET, prefix=self.prefix + "/"))
+
+    def read(self, name: str) -> bytes:
+        return self.bucket.blob(f"{self.prefix}/{name}").download_as_bytes()
+
+    def write(self, name: str, data: bytes) -> None:
+        self.bucket.blob(f"{self.prefix}/{name}").upload_from_string(data)
+
+    def delete(self, name: str) -> None:
+        self.bucket.blob(f"{self.prefix}/{name}").delete()
+
+
+@pytest.fixture(params=["local", "s3", "gs"])
 def backend(request, tmp_path):
     """Each store in turn: a fresh directory, or a fresh prefix of the shared bucket."""
     if request.param == "local":
         return LocalBackend(tmp_path / "ckpt")
-    endpoint = request.getfixturevalue("moto_endpoint")
-    return S3Backend(endpoint, re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name).strip("-"))
+    prefix = re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name).strip("-")
+    if request.param == "gs":
+        return GcsBackend(request.getfixturevalue("gcs_endpoint"), prefix)
+    return S3Backend(request.getfixturevalue("moto_endpoint"), prefix)

@@ -1,6 +1,6 @@
 """The checkpoint package sits low in the house: of the package's other modules it imports
 only the boto3 client factory (aws_clients, a leaf), and its own modules import one way
-(format <- store <- local, s3 <- __init__)."""
+(format <- store <- local, s3, gs <- __init__)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,8 +15,9 @@ ALLOWED = {
     "store": {"transientvod.checkpoint.format"},
     "local": {"transientvod.checkpoint.format", "transientvod.checkpoint.store"},
     "s3": {"transientvod.checkpoint.format", "transientvod.checkpoint.store", "transientvod.aws_clients"},
+    "gs": {"transientvod.checkpoint.format", "transientvod.checkpoint.store"},
     "__init__": {"transientvod.checkpoint.format", "transientvod.checkpoint.store",
-                 "transientvod.checkpoint.local", "transientvod.checkpoint.s3"},
+                 "transientvod.checkpoint.local", "transientvod.checkpoint.s3", "transientvod.checkpoint.gs"},
     # The newest checkpoint's step and world size, for `transientvod status`: above the stores.
     "progress": {"transientvod.checkpoint", "transientvod.checkpoint.s3"},
 }

@@ -1,5 +1,5 @@
-"""The rules every checkpoint store keeps (transientvod/checkpoint/store.py), checked on both
-stores: which steps may be saved, which checkpoints pruning keeps, the newest intact one
+"""The rules every checkpoint store keeps (transientvod/checkpoint/store.py), checked on every
+store (local, S3, GCS): which steps may be saved, which checkpoints pruning keeps, the newest intact one
 found past corrupted ones, and what the `latest` pointer is trusted for."""
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ import time
 
 import pytest
 
-from store_backends import (  # noqa: F401 (moto_endpoint and backend are fixtures)
+from store_backends import (  # noqa: F401 (moto_endpoint, gcs_endpoint and backend are fixtures)
     CONFIG_YAML,
     assert_state_equal,
     backend,
     corruption_warnings,
+    gcs_endpoint,
     make_state,
     moto_endpoint,
 )
@@ -196,7 +197,7 @@ def test_all_checkpoints_corrupted_gives_none_with_a_warning_for_each(backend, c
 
 def test_step_without_manifest_is_damage_where_steps_appear_whole_and_work_in_progress_elsewhere(backend, caplog):
     # A directory is renamed into place whole, so one without its manifest was damaged later;
-    # S3 objects appear one by one, so one without its manifest is still being written.
+    # S3 and GCS objects appear one by one, so one without its manifest is still being written.
     store = backend.open()
     store.save(100, make_state(100), CONFIG_YAML)
     newest = store.save(200, make_state(200), CONFIG_YAML)

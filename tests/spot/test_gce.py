@@ -307,6 +307,24 @@ def test_a_preemption_is_noticed_once_then_gone_under_the_name_it_ran_with(cloud
     assert (again.state, again.notice_at, again.terminate_at) == (USABLE, None, None)
 
 
+def test_the_notice_length_is_the_instances_preemption_notice_duration(cloud):
+    # scheduling.preemptionNoticeDuration as the API writes a Duration: int64 seconds as a string.
+    long_notice = cloud.state.add("long-notice")
+    long_notice["scheduling"]["preemptionNoticeDuration"] = {"seconds": "120", "nanos": 0}
+    cloud.state.add("default-notice")  # unset: GCE's 30 s
+    odd = cloud.state.add("odd-notice")
+    odd["scheduling"]["preemptionNoticeDuration"] = {"seconds": "soon"}  # not a Duration: the default
+    provider = cloud.provider(zone=ZONES[0])
+    provider.poll(NOW)
+    for name in ("long-notice", "default-notice", "odd-notice"):
+        cloud.state.set_status(name, "STOPPING")
+    hosts = by_id(provider.poll(NOW + 3))
+    assert {name: h.terminate_at - h.notice_at for name, h in hosts.items()} == {
+        "long-notice": 120.0, "default-notice": GCE_PREEMPTION_NOTICE_SECONDS,
+        "odd-notice": GCE_PREEMPTION_NOTICE_SECONDS}
+    assert GCE_PREEMPTION_NOTICE_SECONDS == 30.0
+
+
 def test_a_deleted_instance_is_gone_for_a_while_then_forgotten(cloud):
     cloud.state.add("kept")
     cloud.state.add("deleted")  # a spot VM whose termination action is DELETE

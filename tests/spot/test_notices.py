@@ -133,8 +133,11 @@ class Gce:
 
     def __init__(self):
         self.changed = threading.Condition()
+        # No instance/service-accounts/default/token: a VM without a service account, which
+        # keeps GCE's 30 s notice without asking the Compute API.
         self.values = {"instance/preempted": "FALSE", "instance/maintenance-event": "NONE",
-                       "instance/id": "4520031799277581759"}
+                       "instance/id": "4520031799277581759", "project/project-id": "tvd-study",
+                       "instance/zone": "projects/861012345678/zones/us-east1-c", "instance/name": "worker-3"}
         self.requests: list[str] = []
         self.status_override: int | None = None
         self.holds_requests = True  # False: a server that ignores wait_for_change
@@ -494,17 +497,87 @@ def test_gce_terminate_on_host_maintenance_is_a_notice_and_migration_is_not(gce)
     assert notice.terminate_at == pytest.approx(notice.seen_at + 60)
 
 
-def test_gce_notice_length_from_instance_metadata(gce):
-    gce.set("instance/attributes/transientvod-notice-seconds", "45")
-    gce.set("instance/preempted", "TRUE")
-    notice = GceNoticeSource(gce.url).check()
-    assert notice.terminate_at == pytest.approx(notice.seen_at + 45)
+class ComputeInstanceHandler(BaseHTTPRequestHandler):
+    """Compute Engine's instances.get for one instance, as the API reference shapes it; it
+    answers only the bearer token the metadata server handed out."""
 
-    gce.set("instance/attributes/transientvod-notice-seconds", "soon")
-    with pytest.raises(NoticeSourceError) as raised:
-        GceNoticeSource(gce.url).check()
-    assert "transientvod-notice-seconds is 'soon'" in str(raised.value)
-    assert str(raised.value).count(". ") == 0
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        compute = self.server.compute
+        compute["requests"].append((self.path, self.headers.get("Authorization")))
+        if self.path != "/compute/v1/projects/tvd-study/zones/us-east1-c/instances/worker-3":
+            status, answer = 404, {"error": {"code": 404, "message": "The resource was not found"}}
+        elif self.headers.get("Authorization") != f"Bearer {compute['token']}":
+            status, answer = 401, {"error": {"code": 401, "message": "Request had invalid authentication credentials."}}
+        elif compute["status"] != 200:
+            status = compute["status"]
+            answer = {"error": {"code": status, "message": "Insufficient Permission"}}
+        else:
+            status, answer = 200, {"kind": "compute#instance", "name": "worker-3", "status": "RUNNING",
+                                   "scheduling": compute["scheduling"]}
+        body = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def compute():
+    token = "ya29.token-of-the-vms-service-account"
+    server, url = _serve(ComputeInstanceHandler, compute={
+        "token": token, "status": 200, "requests": [],
+        "scheduling": {"provisioningModel": "SPOT", "preemptionNoticeDuration": {"seconds": "120", "nanos": 0}}})
+    server.compute["url"] = url
+    yield server.compute
+    server.shutdown()
+    server.server_close()
+
+
+def _with_service_account(gce, token):
+    gce.set("instance/service-accounts/default/token",
+            json.dumps({"access_token": token, "expires_in": 3599, "token_type": "Bearer"}))
+
+
+def test_gce_notice_length_is_the_instances_preemption_notice_duration(gce, compute):
+    _with_service_account(gce, compute["token"])
+    gce.set("instance/preempted", "TRUE")
+    notice = GceNoticeSource(gce.url, compute_url=compute["url"]).check()
+    assert notice.terminate_at == pytest.approx(notice.seen_at + 120)
+    # The instance named by the metadata server, read with the token it handed out.
+    assert compute["requests"] == [("/compute/v1/projects/tvd-study/zones/us-east1-c/instances/worker-3",
+                                    f"Bearer {compute['token']}")]
+
+    compute["scheduling"] = {"provisioningModel": "SPOT"}  # unset: GCE's 30 s
+    notice = GceNoticeSource(gce.url, compute_url=compute["url"]).check()
+    assert notice.terminate_at == pytest.approx(notice.seen_at + 30)
+
+
+def test_gce_notice_length_unreadable_is_gces_default_said_once(gce, compute, caplog):
+    caplog.set_level(logging.WARNING, logger="transientvod.spot.notice_gce")
+    _with_service_account(gce, compute["token"])
+    compute["status"] = 403  # a service account without the compute scope
+    gce.set("instance/preempted", "TRUE")
+    source = GceNoticeSource(gce.url, long_poll_seconds=1, compute_url=compute["url"])
+    notice = source.check()
+    assert notice.terminate_at == pytest.approx(notice.seen_at + 30)
+    source.check()  # prepared already: no second read, no second warning
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["The preemption notice length is taken as GCE's default 30 s: the Compute API answered "
+                        "instances.get for worker-3 with HTTP 403; give the VM's service account the "
+                        "compute.readonly scope and the permission compute.instances.get."]
+
+    caplog.clear()
+    gce.values.pop("instance/service-accounts/default/token")  # no service account at all
+    GceNoticeSource(gce.url, compute_url=compute["url"]).prepare()
+    assert len(compute["requests"]) == 1  # only the first source's call
+    assert [r.getMessage() for r in caplog.records] == [
+        "The preemption notice length is taken as GCE's default 30 s: this VM has no service account to read its "
+        "own instance from the Compute API; give it one with the compute.readonly scope to read "
+        "scheduling.preemptionNoticeDuration."]
 
 
 def test_gce_answer_without_metadata_flavor_is_not_a_notice():

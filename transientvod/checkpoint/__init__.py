@@ -8,6 +8,8 @@ by a crash, a full disk or a bad copy costs the steps since the one before it, n
     store.py    CheckpointStore: the rules every store keeps (steps, pruning, load_latest)
     local.py    LocalCheckpointStore: a directory (temporary directory renamed into place)
     s3.py       S3CheckpointStore: an s3:// prefix through boto3 (imported only when used)
+    gs.py       GcsCheckpointStore: a gs:// prefix through google-cloud-storage (the `gcs`
+                extra; imported only when used)
 
 `open_store(uri)` picks the store a `checkpoint.dir` names.
 """
@@ -40,8 +42,9 @@ __all__ = [
 
 
 def open_store(uri: str, keep_last: int = 3) -> CheckpointStore:
-    """The store at `uri`: a directory path, a file:// URI, or s3://bucket/prefix (an
-    S3CheckpointStore; its endpoint, region and credentials come from the environment)."""
+    """The store at `uri`: a directory path, a file:// URI, s3://bucket/prefix (an
+    S3CheckpointStore; its endpoint, region and credentials come from the environment) or
+    gs://bucket/prefix (a GcsCheckpointStore; Application Default Credentials)."""
     text = os.fspath(uri)
     if not text:
         raise CheckpointError("the checkpoint location is empty; set checkpoint.dir to a directory.")
@@ -63,5 +66,13 @@ def open_store(uri: str, keep_last: int = 3) -> CheckpointStore:
             raise CheckpointError(f"checkpoint location {text} needs {e.name or 'boto3'}, which is not installed; "
                                   f"pip install boto3 or use a local directory.") from None
         return S3CheckpointStore(text, keep_last=keep_last)
+    if scheme == "gs":
+        # Imported here so that google-cloud-storage is needed only by jobs that checkpoint to GCS.
+        try:
+            from transientvod.checkpoint.gs import GcsCheckpointStore
+        except ModuleNotFoundError as e:
+            raise CheckpointError(f"checkpoint location {text} needs {e.name or 'google-cloud-storage'}, which is "
+                                  f"not installed; pip install 'transientvod[gcs]' or use a local directory.") from None
+        return GcsCheckpointStore(text, keep_last=keep_last)
     raise CheckpointError(f"checkpoint location {text} has scheme '{scheme}://', which is not supported; "
-                          f"use a local directory, a file:// URI or an s3:// URI.")
+                          f"use a local directory, a file:// URI, an s3:// URI or a gs:// URI.")

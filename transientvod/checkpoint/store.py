@@ -1,6 +1,6 @@
 """The rules every checkpoint store keeps, written once: which steps may be saved, which
 checkpoints are kept, how the newest intact one is found, and what the `latest` pointer is
-trusted for. A store (local.py, s3.py) supplies only its storage: list the step
+trusted for. A store (local.py, s3.py, gs.py) supplies only its storage: list the step
 directories, read a file, write a step and the pointer in their order, delete a step.
 
 One writer at a time per store (rank 0 of one job); readers may look at any time.
@@ -42,7 +42,7 @@ class Checkpoint:
 
 class CheckpointStore(abc.ABC):
     """Where a job's checkpoints live. Implementations: LocalCheckpointStore (a directory),
-    S3CheckpointStore (an s3:// prefix)."""
+    S3CheckpointStore (an s3:// prefix), GcsCheckpointStore (a gs:// prefix)."""
 
     # True where a step appears whole or not at all (a directory renamed into place): one
     # without its manifest was damaged afterwards, and load_latest warns about it. False

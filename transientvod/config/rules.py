@@ -27,6 +27,9 @@ from transientvod.config.schema import (
 # A GCE label, as Compute Engine allows it: key=value or a value alone (under transientvod-job);
 # keys start with a lowercase letter, both hold at most 63 lowercase letters, digits, - and _.
 GCE_JOB_LABEL = re.compile(r"^([a-z][a-z0-9_-]{0,62}=)?[a-z0-9_-]{1,63}$")
+# The object stores a checkpoint.dir may name (checkpoint/s3.py, checkpoint/gs.py), and how
+# their URLs are written; each must name its bucket.
+OBJECT_STORE_URLS = {"s3": "s3://bucket/prefix", "gs": "gs://bucket/prefix"}
 
 
 def validate(config: Config, source: str = "config") -> None:
@@ -66,6 +69,10 @@ def validate(config: Config, source: str = "config") -> None:
     if config.spot.provider == "gce" and not GCE_JOB_LABEL.match(config.spot.job_label):
         fail("spot.job_label", f"is {config.spot.job_label!r}; set it to the job's name (the value of the "
              "transientvod-job label on its instances) or to key=value, in lowercase letters, digits, - and _.")
+    scheme, sep, rest = config.checkpoint.dir.partition("://")
+    if sep and scheme.lower() in OBJECT_STORE_URLS and not rest.split("/", 1)[0]:
+        fail("checkpoint.dir", f"is {config.checkpoint.dir!r}, which names no bucket; write it as "
+             f"{OBJECT_STORE_URLS[scheme.lower()]}.")
     if config.data.dataset == "cifar10" and not config.data.root:
         fail("data.root", "is empty; set it to the directory that holds cifar-10-batches-py/.")
     if (config.model.depth - 2) % 6 or config.model.depth < 8:

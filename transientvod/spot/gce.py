@@ -23,8 +23,10 @@ seconds, then stopping it (status TERMINATED) or deleting it, as
 Compute Engine shutting the guest down before a stop or a delete, whoever asked for it, and
 PENDING_STOP as a graceful shutdown before one: either way the host is leaving, and its guest
 still runs for a few seconds in which the job can commit. The notice is dated
-when the watcher first saw it and its end 30 seconds later (GCE's documented preemption
-notice; a requested stop may allow more). The one API record that says "preemption" is a
+when the watcher first saw it and its end the instance's ``scheduling.preemptionNoticeDuration``
+later (a Duration the instance may ask for, up to 120 s; it is in the listed resource, so no
+further call), or 30 seconds when unset (GCE's documented preemption notice; a requested stop
+may allow more). The one API record that says "preemption" is a
 ``compute.instances.preempted`` zone operation, a third call this provider does not make:
 each worker hears its own preemption sooner from the metadata server (notice_gce.py).
 
@@ -53,7 +55,7 @@ from google.auth.transport.requests import AuthorizedSession
 
 from transientvod.config import SPOT_HOST_NAMES
 from transientvod.spot.hosts import GONE, NOTICED, USABLE, HostStatus
-from transientvod.spot.notice_gce import GCE_PREEMPTION_NOTICE_SECONDS
+from transientvod.spot.notice_gce import GCE_PREEMPTION_NOTICE_SECONDS, preemption_notice_seconds
 from transientvod.spot.provider import ProviderError, SpotProvider
 
 log = logging.getLogger(__name__)
@@ -199,7 +201,8 @@ class GceProvider(SpotProvider):
             self._noticed_at.pop(key, None)  # a VM started again is a new life
         # A gone host keeps the notice it had: the bill ends a revoked host at terminate_at.
         notice_at = self._noticed_at.get(key)
-        terminate_at = notice_at + GCE_PREEMPTION_NOTICE_SECONDS if notice_at is not None else None
+        notice_seconds = preemption_notice_seconds(instance) or GCE_PREEMPTION_NOTICE_SECONDS
+        terminate_at = notice_at + notice_seconds if notice_at is not None else None
         return HostStatus(name=name, slots=self._slots(instance), state=state, instance_id=key[1],
                           notice_at=notice_at, terminate_at=terminate_at)
 

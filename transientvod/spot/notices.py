@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from transientvod.config import NOTICE_SOURCES
 from transientvod.spot.hosts import GONE, NOTICED, HostStateError, read_host_state
 from transientvod.spot.notice_aws import Imdsv2NoticeSource
-from transientvod.spot.notice_gce import GceNoticeSource
+from transientvod.spot.notice_gce import COMPUTE_ENDPOINT, GceNoticeSource
 from transientvod.spot.notice_source import Notice, NoticeSource, NoticeSourceError, seconds_from_env
 
 log = logging.getLogger(__name__)
@@ -173,7 +173,8 @@ def notice_source(kind: str, **options) -> NoticeSource | None:
     """The notice source a config names: "none", "aws", "gce" or "hoststate".
 
     Options: `url` (aws, gce: the metadata endpoint, for tests and proxies), `timeout`
-    (aws, gce), `long_poll_seconds` (gce), `state_file` and `host_name` (hoststate).
+    (aws, gce), `long_poll_seconds` and `compute_url` (gce: the Compute API that has the
+    instance's notice length), `state_file` and `host_name` (hoststate).
     """
     if kind == "none":
         return None
@@ -182,7 +183,8 @@ def notice_source(kind: str, **options) -> NoticeSource | None:
                                   timeout=options.get("timeout", 1.0))
     if kind == "gce":
         return GceNoticeSource(base_url=options.get("url") or "http://metadata.google.internal",
-                               timeout=options.get("timeout", 1.0), long_poll_seconds=options.get("long_poll_seconds"))
+                               timeout=options.get("timeout", 1.0), long_poll_seconds=options.get("long_poll_seconds"),
+                               compute_url=options.get("compute_url") or COMPUTE_ENDPOINT)
     if kind == "hoststate":
         if not options.get("state_file"):
             raise ValueError("notice source hoststate needs state_file, the host-state file the watcher writes.")
