@@ -8,6 +8,8 @@ The training loop calls four hooks; everything else about cost and tracking live
   broadcast, so whichever rank is rank 0 after the next revocation has the same books.
 - `on_log` / `on_eval` (rank 0): cost so far and its on-demand equivalent join the metrics
   row, which goes to `metrics.jsonl` and to MLflow (without waiting for it).
+- `budget_reached` (rank 0, at each commit vote it starts): billing/budget.py's stop rule on
+  the bill; the loop then commits, checkpoints durably and ends on every rank.
 - `finish` (rank 0): the final bill into the summary, and the last metrics out to MLflow.
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 
 import horovod.torch as hvd
 
+from transientvod.billing.budget import StopVerdict, job_stop_lead_seconds, stop_verdict
 from transientvod.billing.job import JobBill
 from transientvod.billing.meter import usd_per_accuracy_point
 from transientvod.config import Config
@@ -58,6 +61,8 @@ class JobAccounting:
         # The launcher opens the MLflow run and closes it after horovodrun; a job started by
         # hand has no launcher, so rank 0 opens the run at the start and closes it at the end.
         self.launcher_owns_run = bool(config.tracking.run_id)
+        self.lead_seconds = job_stop_lead_seconds()
+        self.budget_stop: StopVerdict | None = None  # rank 0's verdict that stopped the job
 
     # -- before training ---------------------------------------------------------------------
 
@@ -114,6 +119,19 @@ class JobAccounting:
         bill = self._cost_into(row)
         scores = {name: value for name, value in row.items() if name.startswith("test_")}
         self._send(state, {**scores, names.METRIC_COST: bill.cost_usd, names.METRIC_ON_DEMAND_COST: bill.on_demand_usd})
+
+    def budget_reached(self) -> bool:
+        """Rank 0: the projected spend (the bill now plus `lead_seconds` of the servers in the
+        ring) has reached cost.budget_usd; the verdict is kept for the summary."""
+        budget = self.config.cost.budget_usd
+        if budget is None or self.bill is None:
+            return False
+        now = time.time()
+        verdict = stop_verdict(self.bill.bill(now).cost_usd, self.bill.running_usd_per_hour(now), self.lead_seconds,
+                               budget)
+        if verdict.stop and self.budget_stop is None:
+            self.budget_stop = verdict
+        return verdict.stop
 
     def _cost_into(self, row: dict):
         bill = self.bill.bill(time.time())
