@@ -94,3 +94,16 @@ def test_a_job_stops_at_its_budget_with_a_durable_checkpoint_and_resumes_with_a_
     assert summary["steps"] == STEPS and "budget_stop" not in summary
     assert summary["cost"]["cost_usd"] > stop["spent_usd"]  # the bill carried on from the ledger
     assert "transientvod: job finished" in resumed.stdout
+
+
+@pytest.mark.parametrize("option", [["--budget", "-1"], ["--budget", "0"], ["--set", "cost.budget_usd=0"]])
+def test_a_budget_of_zero_or_less_is_one_sentence_and_nothing_starts(job, option):
+    j = job("bad-budget")
+    done = subprocess.run(j.argv(None) + option, capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env=job_environment())
+    assert done.returncode == 2, explain(done)
+    value = "-1.0" if option[1] == "-1" else "0.0"
+    assert done.stderr.strip().splitlines() == [
+        f"transientvod: {j.config_path} with overrides: cost.budget_usd is {value}; set it to the most the job may "
+        "cost, a positive number of dollars (or null for no limit)."], explain(done)
+    assert not j.run_dir.exists()  # no run directory, no MLflow store, no checkpoint

@@ -82,8 +82,9 @@ def test_a_bad_budget_is_one_sentence(aws, extra, message):
 
 def test_a_budget_spent_already_is_refused_and_nothing_is_launched(aws):
     url, ami, ec2 = aws
-    by_hand = ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, InstanceType=GPU, TagSpecifications=[
-        {"ResourceType": "instance", "Tags": [{"Key": "transientvod:job", "Value": JOB}]}])["Instances"][0]["InstanceId"]
+    tags = [{"ResourceType": "instance", "Tags": [{"Key": "transientvod:job", "Value": JOB}]}]
+    by_hand = ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, InstanceType=GPU,
+                                TagSpecifications=tags)["Instances"][0]["InstanceId"]
     # $36/h: its first billed minute is $0.60, more than the $0.50 budget.
     done = fleet_cli(url, ami, "--instance-types", GPU, "--price", f"{GPU}=36", "--budget", "0.5")
     assert one_sentence(done) == (
