@@ -71,6 +71,7 @@ def test_a_job_stops_at_its_budget_with_a_durable_checkpoint_and_resumes_with_a_
     # Every rank stopped at that step: the last sync was there or before, no rank went past it.
     assert max(row["step"] for row in j.rows("metrics.jsonl")) <= stopped_at
     assert "test_accuracy" not in summary  # no final evaluation past the budget
+    first_mlflow_run = summary["mlflow"]["run_id"]
     events = len(j.rows("events.jsonl"))
 
     # -- a budget spent already is refused before anything starts ----------------------------
@@ -93,6 +94,8 @@ def test_a_job_stops_at_its_budget_with_a_durable_checkpoint_and_resumes_with_a_
     summary = j.summary()
     assert summary["steps"] == STEPS and "budget_stop" not in summary
     assert summary["cost"]["cost_usd"] > stop["spent_usd"]  # the bill carried on from the ledger
+    # ... in the same MLflow run: the budget left it KILLED, not FINISHED, so it is continued.
+    assert summary["mlflow"]["run_id"] == first_mlflow_run
     assert "transientvod: job finished" in resumed.stdout
 
 

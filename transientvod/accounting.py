@@ -158,9 +158,9 @@ class JobAccounting:
 
     # -- at the end (rank 0) -----------------------------------------------------------------
 
-    def finish(self, state: TransientState, summary: dict) -> None:
-        """The final bill into `summary`; the last metrics to MLflow; the run closed unless
-        the launcher does that."""
+    def finish(self, state: TransientState, summary: dict, stopped_on_budget: bool = False) -> None:
+        """The final bill into `summary` (and `budget_stop` when the budget ended the job); the
+        last metrics to MLflow; the run closed unless the launcher does that."""
         now = time.time()
         bill = self.bill.finish(now)
         state.cost_ledger = self.bill.ledger()
@@ -174,6 +174,8 @@ class JobAccounting:
             "servers": [{"host": line.host, "instance_type": line.instance_type, "market": line.market,
                          "billed_seconds": line.billed_seconds, "usd": round(line.usd, 6)} for line in bill.lines],
         }
+        if stopped_on_budget:
+            summary["budget_stop"] = self._budget_stop_entry(summary)
         scores = summary.get("test_metrics", {names.METRIC_ACCURACY: accuracy})
         self._send(state, {**scores, names.METRIC_COST: bill.cost_usd, names.METRIC_ON_DEMAND_COST: bill.on_demand_usd,
                            names.METRIC_REVOCATIONS: state.revocations, names.METRIC_STEPS_LOST: state.steps_lost})
@@ -183,3 +185,15 @@ class JobAccounting:
             from transientvod.tracking.run import close_run
             self.config.tracking.run_id = state.mlflow_run_id
             close_run(self.config, {**summary, "wall_seconds": round(now - state.started_at, 1)}, succeeded=True)
+
+    def _budget_stop_entry(self, summary: dict) -> dict:
+        """summary.json's `budget_stop`: the verdict, and the one sentence the launcher prints."""
+        verdict, step, checkpoint = self.budget_stop, summary["steps"], summary["checkpoint"]
+        spent = summary["cost"]["cost_usd"]
+        sentence = (f"the job stopped at step {step} of {self.config.train.steps} because its projected spend "
+                    f"${verdict.projected_usd:.2f} reached its budget (cost.budget_usd) of ${verdict.budget_usd:.2f}: "
+                    f"it spent ${spent:.2f}, and its durable checkpoint of step {step} is in {checkpoint}; run train "
+                    "again with a larger cost.budget_usd to resume.")
+        return {"step": step, "spent_usd": round(spent, 6), "budget_usd": verdict.budget_usd,
+                "projected_usd": round(verdict.projected_usd, 6), "lead_seconds": verdict.lead_seconds,
+                "checkpoint": checkpoint, "sentence": sentence}

@@ -322,9 +322,7 @@ def train(config: Config, record) -> None:
             "checkpoint": store.location,
             "parameter_checksum": parameter_checksum(state.model),
         }
-        books.finish(state, summary)
-        if stopped_on_budget:
-            summary["budget_stop"] = budget_stop_summary(config, books, summary, store.location, state.step)
+        books.finish(state, summary, stopped_on_budget)
         record.append("metrics.jsonl", {"step": state.step, **metrics, "cost_usd": summary["cost"]["cost_usd"]})
         record.write_summary(json.dumps(summary, indent=2) + "\n")
         if stopped_on_budget:
@@ -333,20 +331,6 @@ def train(config: Config, record) -> None:
             log.info("finished %d steps; %s; cost $%.4f (on-demand $%.4f)", state.step,
                      ", ".join(f"{name} {value:.4f}" for name, value in metrics.items()),
                      summary["cost"]["cost_usd"], summary["cost"]["on_demand_usd"])
-
-
-def budget_stop_summary(config: Config, books: JobAccounting, summary: dict, checkpoint: str, step: int) -> dict:
-    """What summary.json says of a job its budget stopped (rank 0): the verdict, and the one
-    sentence the launcher prints."""
-    verdict = books.budget_stop
-    spent = summary["cost"]["cost_usd"]
-    sentence = (f"the job stopped at step {step} of {config.train.steps} because its projected spend "
-                f"${verdict.projected_usd:.2f} reached its budget (cost.budget_usd) of ${verdict.budget_usd:.2f}: it "
-                f"spent ${spent:.2f}, and its durable checkpoint of step {step} is in {checkpoint}; run train again "
-                "with a larger cost.budget_usd to resume.")
-    return {"step": step, "spent_usd": round(spent, 6), "budget_usd": verdict.budget_usd,
-            "projected_usd": round(verdict.projected_usd, 6), "lead_seconds": verdict.lead_seconds,
-            "checkpoint": checkpoint, "sentence": sentence}
 
 
 def main(argv: list[str] | None = None) -> int:
