@@ -1,7 +1,7 @@
 """`transientvod ...` commands.
 
     transientvod demo                     the main job on the embedded digits data, losing and regaining a host
-    transientvod train --config FILE [--set section.key=value ...] [--discovery "COMMAND"]
+    transientvod train --config FILE [--set section.key=value ...] [--discovery "COMMAND"] [--budget DOLLARS]
                        [--script my_train.py -- ARGS]
                                           library mode: horovodrun's workers run your own script
     transientvod watch --config FILE      keep the host-state file for the spot_hosts discovery current
@@ -14,9 +14,11 @@
                                           predicted time, cost, failure of clusters from the study's revocations
     transientvod plan --budget DOLLARS | --deadline HOURS [--gpus k80,v100 --speed v100=14.2]
                                           the best clusters for a budget or deadline, and why
-    transientvod fleet --job-tag JOB --instance-types T1,T2 --target N --image-id AMI --price T1=0.9 ...
+    transientvod fleet --job-tag JOB --instance-types T1,T2 --target N --image-id AMI --price T1=0.9
+                       --budget DOLLARS | --no-budget ...
                        [--ssh-public-key ~/.ssh/id_ed25519.pub --horovod-wheel s3://... --print-user-data]
-                                          keep N spot instances alive within a budget, then terminate them;
+                                          keep N spot instances alive within a budget (all terminated once
+                                          the projected spend reaches it), then terminate them;
                                           their user data installs the project and takes the launcher's key
     transientvod aws setup --job-tag JOB --region R [--config FILE] [--fragment FILE]
                                           the SQS queue, EventBridge rules and worker role queue mode needs
@@ -271,6 +273,10 @@ def cmd_fleet(args) -> int:
     print(f"transientvod fleet: each instance gets {joins} and "
           + (f"instance profile {instance_profile}." if instance_profile else "no instance profile."), flush=True)
     if args.dry_run:
+        try:
+            fleet.check_budget_left()
+        except BudgetError as e:
+            raise ConfigError(str(e)) from None
         for action in fleet.reconcile():
             print(f"would {action.kind} {action.instance_type or ''} {action.instance_id or ''}: {action.reason}".strip())
         return 0

@@ -86,11 +86,13 @@ def test_a_budget_spent_already_is_refused_and_nothing_is_launched(aws):
     by_hand = ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, InstanceType=GPU,
                                 TagSpecifications=tags)["Instances"][0]["InstanceId"]
     # $36/h: its first billed minute is $0.60, more than the $0.50 budget.
-    done = fleet_cli(url, ami, "--instance-types", GPU, "--price", f"{GPU}=36", "--budget", "0.5")
-    assert one_sentence(done) == (
-        f"transientvod: job {JOB} has cost $0.60 already (1 instances found, 1 of them pending or running), which "
-        "is its budget of $0.50 or more; the fleet launched nothing: give a larger --budget.")
-    assert job_instances(ec2).keys() == {by_hand}
+    for run in ((), ("--dry-run",)):
+        done = fleet_cli(url, ami, "--instance-types", GPU, "--price", f"{GPU}=36", "--budget", "0.5", *run)
+        assert one_sentence(done) == (
+            f"transientvod: job {JOB} has cost $0.60 already (1 instances found, 1 of them pending or running), "
+            "which is its budget of $0.50 or more; the fleet launched nothing: give a larger --budget.")
+        assert "would launch" not in done.stdout
+        assert job_instances(ec2).keys() == {by_hand}
 
 
 def test_a_run_whose_projected_spend_reaches_the_budget_terminates_everything_and_says_so(aws, monkeypatch):
