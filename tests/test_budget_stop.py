@@ -68,7 +68,8 @@ def test_a_job_stops_at_its_budget_with_a_durable_checkpoint_and_resumes_with_a_
                 f"${stop['spent_usd']:.2f}, and its durable checkpoint of step {stopped_at} is in {checkpoints}; run "
                 "train again with a larger cost.budget_usd to resume.")
     assert sentence in done.stdout.splitlines(), explain(done)
-    # Every rank stopped at that step: the last sync was there or before, no rank went past it.
+    # Rank 0 recorded no step past it (every rank left the loop at that step: the vote's answer
+    # is read by all at once, and a rank that went on would have hung the job on its collectives).
     assert max(row["step"] for row in j.rows("metrics.jsonl")) <= stopped_at
     assert "test_accuracy" not in summary  # no final evaluation past the budget
     first_mlflow_run = summary["mlflow"]["run_id"]
