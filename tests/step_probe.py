@@ -70,12 +70,23 @@ def as_pairs(votes) -> list:
     return [[v.notice, v.hosts_update] for v in votes]
 
 
+def as_triples(votes) -> list:
+    return [[v.notice, v.hosts_update, v.budget] for v in votes]
+
+
 def check_vote() -> dict:
     vote = CommitVote(interval_seconds=0)  # every step
     vote.begin(0)
     last = hvd.size() - 1
-    # The last rank sees a notice at step 5; rank 0 has a host update pending at step 7.
-    answers = [vote.exchange(step, hvd.rank() == last and step == 5, hvd.rank() == 0 and step == 7)
+    # The last rank sees a notice at step 5; rank 0 has a host update pending at step 7, and
+    # its meter says the budget is reached at step 9 (asked only by rank 0, as train.py does).
+    asked = []
+
+    def budget_reached(step: int):
+        return lambda: asked.append(step) or step == 9
+
+    answers = [vote.exchange(step, hvd.rank() == last and step == 5, hvd.rank() == 0 and step == 7,
+                             budget_reached(step) if hvd.rank() == 0 else None)
                for step in range(1, 11)]
     vote.finish()
     # A vote in flight when the job resets is dropped, not read on the new ring. (A real
@@ -86,7 +97,8 @@ def check_vote() -> dict:
     vote.begin(21)
     after_reset = [vote.exchange(step, False, False) for step in (22, 23)]
     vote.finish()
-    return {"rank": hvd.rank(), "answers": as_pairs(answers), "after_reset": as_pairs(after_reset)}
+    return {"rank": hvd.rank(), "answers": as_triples(answers), "after_reset": as_triples(after_reset),
+            "budget_asked": asked}
 
 
 def check_vote_cadence() -> dict:

@@ -106,3 +106,14 @@ def test_resolved_config_round_trips(tmp_path):
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_configs_load(path):
     load_config(path)
+
+
+def test_a_budget_of_zero_or_less_is_one_sentence():
+    for value in ("0", "-2.5", ".nan"):
+        with pytest.raises(ConfigError) as e:
+            load_config(None, [f"cost.budget_usd={value}"])
+        assert str(e.value).startswith("defaults with overrides: cost.budget_usd is ")
+        assert str(e.value).endswith("set it to the most the job may cost, a positive number of dollars "
+                                     "(or null for no limit).")
+    assert load_config(None, ["cost.budget_usd=12.5"]).cost.budget_usd == 12.5
+    assert load_config(None, []).cost.budget_usd is None

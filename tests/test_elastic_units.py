@@ -158,3 +158,15 @@ def test_a_notice_commits_every_step_and_checkpoints_once_per_ring():
     # After the host left, the ring re-forms; a later notice is news again.
     policy.ring_started()
     assert decisions(policy, {30: Vote(notice=True)}, range(30, 31)) == {30: (True, True, True)}
+
+
+def test_the_budget_commits_checkpoints_and_stops_at_the_step_of_its_vote():
+    policy = CommitPolicy(commit_every=50, checkpoint_every=500, total_steps=1000)
+    stops = [step for step in range(1, 20) if policy.decide(step, Vote(budget=step == 7)).stop]
+    assert stops == [7]
+    policy = CommitPolicy(commit_every=50, checkpoint_every=500, total_steps=1000)
+    assert decisions(policy, {7: Vote(budget=True)}, range(1, 8)) == {7: (True, True, False)}
+    # With a notice at the same step: the same durable commit, still a stop.
+    decision = CommitPolicy(50, 500, 1000).decide(7, Vote(notice=True, budget=True))
+    assert (decision.commit, decision.durable, decision.first_notice, decision.stop) == (True, True, True, True)
+    assert not CommitPolicy(50, 500, 1000).decide(50, NO_VOTE).stop

@@ -76,11 +76,14 @@ def test_a_commit_wanted_by_one_rank_is_heard_by_every_rank_one_step_later():
     rows = run_probe("step_probe.py", 2, "vote")
     assert len(rows) == 2
     for row in rows:
-        # A notice on the last rank at step 5, a host update on rank 0 at step 7: each heard
-        # by every rank at the next step, as what it is.
-        expected = [[step == 6, step == 8] for step in range(1, 11)]
+        # A notice on the last rank at step 5, a host update on rank 0 at step 7, rank 0's
+        # budget reached at step 9: each heard by every rank at the next step, as what it is.
+        expected = [[step == 6, step == 8, step == 10] for step in range(1, 11)]
         assert row["answers"] == expected, row
-        assert row["after_reset"] == [[False, False], [False, False]], row
+        assert row["after_reset"] == [[False, False, False], [False, False, False]], row
+    # Rank 0's meter is asked once per vote it starts (every step here), the others never.
+    asked = {row["rank"]: row["budget_asked"] for row in rows}
+    assert asked == {0: list(range(1, 11)), 1: []}, asked
 
 
 @pytest.mark.slow

@@ -8,6 +8,8 @@ The training loop calls four hooks; everything else about cost and tracking live
   broadcast, so whichever rank is rank 0 after the next revocation has the same books.
 - `on_log` / `on_eval` (rank 0): cost so far and its on-demand equivalent join the metrics
   row, which goes to `metrics.jsonl` and to MLflow (without waiting for it).
+- `budget_reached` (rank 0, at each commit vote it starts): billing/budget.py's stop rule on
+  the bill; the loop then commits, checkpoints durably and ends on every rank.
 - `finish` (rank 0): the final bill into the summary, and the last metrics out to MLflow.
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 
 import horovod.torch as hvd
 
+from transientvod.billing.budget import StopVerdict, job_stop_lead_seconds, stop_verdict
 from transientvod.billing.job import JobBill
 from transientvod.billing.meter import usd_per_accuracy_point
 from transientvod.config import Config
@@ -58,6 +61,8 @@ class JobAccounting:
         # The launcher opens the MLflow run and closes it after horovodrun; a job started by
         # hand has no launcher, so rank 0 opens the run at the start and closes it at the end.
         self.launcher_owns_run = bool(config.tracking.run_id)
+        self.lead_seconds = job_stop_lead_seconds()
+        self.budget_stop: StopVerdict | None = None  # rank 0's verdict that stopped the job
 
     # -- before training ---------------------------------------------------------------------
 
@@ -115,6 +120,19 @@ class JobAccounting:
         scores = {name: value for name, value in row.items() if name.startswith("test_")}
         self._send(state, {**scores, names.METRIC_COST: bill.cost_usd, names.METRIC_ON_DEMAND_COST: bill.on_demand_usd})
 
+    def budget_reached(self) -> bool:
+        """Rank 0: the projected spend (the bill now plus `lead_seconds` of the servers in the
+        ring) has reached cost.budget_usd; the verdict is kept for the summary."""
+        budget = self.config.cost.budget_usd
+        if budget is None or self.bill is None:
+            return False
+        now = time.time()
+        verdict = stop_verdict(self.bill.bill(now).cost_usd, self.bill.running_usd_per_hour(now), self.lead_seconds,
+                               budget)
+        if verdict.stop and self.budget_stop is None:
+            self.budget_stop = verdict
+        return verdict.stop
+
     def _cost_into(self, row: dict):
         bill = self.bill.bill(time.time())
         row["cost_usd"] = round(bill.cost_usd, 6)
@@ -140,9 +158,9 @@ class JobAccounting:
 
     # -- at the end (rank 0) -----------------------------------------------------------------
 
-    def finish(self, state: TransientState, summary: dict) -> None:
-        """The final bill into `summary`; the last metrics to MLflow; the run closed unless
-        the launcher does that."""
+    def finish(self, state: TransientState, summary: dict, stopped_on_budget: bool = False) -> None:
+        """The final bill into `summary` (and `budget_stop` when the budget ended the job); the
+        last metrics to MLflow; the run closed unless the launcher does that."""
         now = time.time()
         bill = self.bill.finish(now)
         state.cost_ledger = self.bill.ledger()
@@ -156,6 +174,8 @@ class JobAccounting:
             "servers": [{"host": line.host, "instance_type": line.instance_type, "market": line.market,
                          "billed_seconds": line.billed_seconds, "usd": round(line.usd, 6)} for line in bill.lines],
         }
+        if stopped_on_budget:
+            summary["budget_stop"] = self._budget_stop_entry(summary)
         scores = summary.get("test_metrics", {names.METRIC_ACCURACY: accuracy})
         self._send(state, {**scores, names.METRIC_COST: bill.cost_usd, names.METRIC_ON_DEMAND_COST: bill.on_demand_usd,
                            names.METRIC_REVOCATIONS: state.revocations, names.METRIC_STEPS_LOST: state.steps_lost})
@@ -165,3 +185,15 @@ class JobAccounting:
             from transientvod.tracking.run import close_run
             self.config.tracking.run_id = state.mlflow_run_id
             close_run(self.config, {**summary, "wall_seconds": round(now - state.started_at, 1)}, succeeded=True)
+
+    def _budget_stop_entry(self, summary: dict) -> dict:
+        """summary.json's `budget_stop`: the verdict, and the one sentence the launcher prints."""
+        verdict, step, checkpoint = self.budget_stop, summary["steps"], summary["checkpoint"]
+        spent = summary["cost"]["cost_usd"]
+        sentence = (f"the job stopped at step {step} of {self.config.train.steps} because its projected spend "
+                    f"${verdict.projected_usd:.2f} reached its budget (cost.budget_usd) of ${verdict.budget_usd:.2f}: "
+                    f"it spent ${spent:.2f}, and its durable checkpoint of step {step} is in {checkpoint}; run train "
+                    "again with a larger cost.budget_usd to resume.")
+        return {"step": step, "spent_usd": round(spent, 6), "budget_usd": verdict.budget_usd,
+                "projected_usd": round(verdict.projected_usd, 6), "lead_seconds": verdict.lead_seconds,
+                "checkpoint": checkpoint, "sentence": sentence}

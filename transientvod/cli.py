@@ -1,7 +1,7 @@
 """`transientvod ...` commands.
 
     transientvod demo                     the main job on the embedded digits data, losing and regaining a host
-    transientvod train --config FILE [--set section.key=value ...] [--discovery "COMMAND"]
+    transientvod train --config FILE [--set section.key=value ...] [--discovery "COMMAND"] [--budget DOLLARS]
                        [--script my_train.py -- ARGS]
                                           library mode: horovodrun's workers run your own script
     transientvod watch --config FILE      keep the host-state file for the spot_hosts discovery current
@@ -14,9 +14,11 @@
                                           predicted time, cost, failure of clusters from the study's revocations
     transientvod plan --budget DOLLARS | --deadline HOURS [--gpus k80,v100 --speed v100=14.2]
                                           the best clusters for a budget or deadline, and why
-    transientvod fleet --job-tag JOB --instance-types T1,T2 --target N --image-id AMI --price T1=0.9 ...
+    transientvod fleet --job-tag JOB --instance-types T1,T2 --target N --image-id AMI --price T1=0.9
+                       --budget DOLLARS | --no-budget ...
                        [--ssh-public-key ~/.ssh/id_ed25519.pub --horovod-wheel s3://... --print-user-data]
-                                          keep N spot instances alive within a budget, then terminate them;
+                                          keep N spot instances alive within a budget (all terminated once
+                                          the projected spend reaches it), then terminate them;
                                           their user data installs the project and takes the launcher's key
     transientvod status --job-tag JOB [--checkpoint-dir s3://... --queue-url URL --config FILE --json]
                                           what the job has running and has cost, its step and world size
@@ -36,7 +38,8 @@ With `spot.provider` set (trace, aws or gce), `train` starts the watcher itself 
 script; `watch` is for running the watcher apart (for example on the machine where you run
 horovodrun by hand), and prints that command.
 
-Errors a user can cause end in one sentence on stderr and exit code 2.
+Errors a user can cause end in one sentence on stderr and exit code 2. A `train` or `fleet`
+stopped by its budget says so in one sentence and exits with code 4 (docs/budget.md).
 """
 from __future__ import annotations
 
@@ -57,6 +60,9 @@ from transientvod.launcher import LaunchError, format_summary, revocation, run_j
 from transientvod.testbed import TestbedError
 from transientvod.version import __version__
 
+# The exit code of a job or fleet that stopped because its projected spend reached its budget:
+# not a failure (the work is in a durable checkpoint), but not finished either.
+BUDGET_STOPPED_EXIT = 4
 # Shipped inside the package (configs/ and launch/ of the checkout; see setup.py), so that an
 # installed wheel runs the demo and builds Horovod without a checkout.
 DEMO_CONFIG = resources.files("transientvod.configs") / "demo.yaml"
@@ -86,7 +92,9 @@ def cmd_demo(args) -> int:
 
 
 def cmd_train(args) -> int:
-    config = load_config(args.config, args.set)
+    # --budget is cost.budget_usd (the rules check it); the last of the overrides wins.
+    overrides = args.set + ([f"cost.budget_usd={args.budget!r}"] if args.budget is not None else [])
+    config = load_config(args.config, overrides)
     script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
     if script_args and not args.script:
         raise ConfigError(f"{' '.join(script_args)} after the options are a script's arguments; give the script "
@@ -235,6 +243,7 @@ def fleet_instance_profile(args) -> str:
 def cmd_fleet(args) -> int:
     import boto3
 
+    from transientvod.billing.budget import BudgetError
     from transientvod.spot.fleet import Fleet
     from transientvod.spot.fleet_spec import FleetSpec
 
@@ -244,6 +253,7 @@ def cmd_fleet(args) -> int:
             raise ConfigError("--print-user-data prints the join script, which needs --ssh-public-key.")
         sys.stdout.write(user_data)
         return 0
+    check_fleet_budget(args)
     instance_types = [t for t in args.instance_types.split(",") if t]
     region = args.region or boto3.session.Session().region_name or ""
     try:
@@ -254,6 +264,9 @@ def cmd_fleet(args) -> int:
                          security_group_ids=args.security_group_id, user_data=user_data)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if spec.budget is None:
+        print(f"transientvod fleet: no budget (--no-budget): {fleet_hourly_cost(spec)}, and nothing stops the "
+              "spending but you.", flush=True)
     # After every check of what was typed: this is the first AWS call.
     instance_profile = spec.instance_profile = fleet_instance_profile(args)
     if not user_data:
@@ -265,12 +278,26 @@ def cmd_fleet(args) -> int:
     print(f"transientvod fleet: each instance gets {joins} and "
           + (f"instance profile {instance_profile}." if instance_profile else "no instance profile."), flush=True)
     if args.dry_run:
+        try:
+            fleet.check_budget_left()
+        except BudgetError as e:
+            raise ConfigError(str(e)) from None
         for action in fleet.reconcile():
             print(f"would {action.kind} {action.instance_type or ''} {action.instance_id or ''}: {action.reason}".strip())
         return 0
     print(f"transientvod fleet: keeping {spec.target} spot instances tagged {spec.tag_key}={spec.job_tag}; "
           "Ctrl-C terminates them all.", flush=True)
-    fleet.run(poll_seconds=args.poll_seconds)
+    try:
+        fleet.run(poll_seconds=args.poll_seconds)
+    except BudgetError as e:  # spent already: nothing was launched
+        raise ConfigError(str(e)) from None
+    stop = fleet.budget_stop
+    if stop is not None:
+        print(f"transientvod fleet: job {spec.job_tag}'s projected spend ${stop.projected_usd:.2f} (spent "
+              f"${stop.spent_usd:.2f} + ${stop.running_usd_per_hour:.2f}/h running for the next {stop.lead_seconds:g} "
+              f"s) reached its budget of ${stop.budget_usd:.2f}, so the fleet terminated every instance of the job "
+              "and stopped.", flush=True)
+        return BUDGET_STOPPED_EXIT
     if fleet.ended_by is not None:
         who, instance_id = fleet.ended_by
         print(f"transientvod fleet: job {spec.job_tag} was ended by {'transientvod down' if who == 'down' else who} "
@@ -343,6 +370,37 @@ def cmd_down(args) -> int:
     return 0
 
 
+def check_fleet_budget(args) -> None:
+    """--budget is a positive number of dollars, or --no-budget is given (not both): a fleet
+    whose spending nothing limits is the user's explicit choice."""
+    from transientvod.billing.budget import BudgetError, check_budget
+
+    if args.budget is not None and args.no_budget:
+        raise ConfigError("--budget and --no-budget contradict each other; give one of them.")
+    if args.budget is None and not args.no_budget:
+        raise ConfigError(f"the fleet of job {args.job_tag} has no budget; give --budget DOLLARS, the most the whole "
+                          "job may cost (its instances already running included), or --no-budget to run without a "
+                          "limit.")
+    try:
+        check_budget(args.budget, "--budget")
+    except BudgetError as e:
+        raise ConfigError(str(e)) from None
+
+
+def fleet_hourly_cost(spec) -> str:
+    """What an hour of the fleet costs: `target` instances of the first type (the one it tries
+    first), and the most it could cost if it falls back to the dearest type."""
+    first = spec.instance_types[0]
+    hourly = spec.target * spec.hourly_price[first]
+    text = (f"an hour of the fleet's {spec.target} instances costs ${hourly:.2f} "
+            f"({spec.target} x {first} at ${spec.hourly_price[first]:g}/h)")
+    dearest = max(spec.instance_types, key=lambda t: spec.hourly_price[t])
+    if spec.hourly_price[dearest] > spec.hourly_price[first]:
+        text += (f", up to ${spec.target * spec.hourly_price[dearest]:.2f} if they are all {dearest} "
+                 f"(${spec.hourly_price[dearest]:g}/h)")
+    return text
+
+
 def cmd_aws(args) -> int:
     from transientvod.spot.aws_setup import AwsSetup, config_fragment
 
@@ -376,6 +434,11 @@ def finish(result) -> int:
               f"transientvod: the job failed (horovodrun exit code {result.returncode}); "
               "the worker logs above say why.", file=sys.stderr)
         return result.returncode or 1
+    stop = result.summary.get("budget_stop")
+    if stop is not None:
+        print("\ntransientvod: job stopped by its budget\n" + format_summary(result.summary), flush=True)
+        print(f"transientvod: {stop['sentence']}", flush=True)
+        return BUDGET_STOPPED_EXIT
     print("\ntransientvod: job finished\n" + format_summary(result.summary), flush=True)
     return 0
 
@@ -477,6 +540,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--config", help="a YAML file listing what differs from the defaults")
     train.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="override a config value (repeatable)")
+    train.add_argument("--budget", type=float, metavar="DOLLARS",
+                       help="cost.budget_usd: the most the job may cost; as its projected spend reaches it, the job "
+                            "commits, writes a durable checkpoint and ends with exit code 4 (docs/budget.md)")
     train.add_argument("--discovery", help="host discovery command (default: cluster.discovery_script)")
     train.add_argument("--script", help="a Horovod elastic script of your own (library mode, docs/library-mode.md) "
                        "that the workers run in place of the task loop")
@@ -544,7 +610,12 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_argument("--price", action="append", default=[], metavar="TYPE=DOLLARS_PER_HOUR",
                        help="what to budget per hour for an instance type (repeatable); a type without one "
                             "is budgeted at its on-demand price, from the built-in us-east-1 table")
-    fleet.add_argument("--budget", type=float, help="dollars for the fleet's whole life")
+    fleet.add_argument("--budget", type=float, metavar="DOLLARS",
+                       help="the most the whole job may cost, its instances already running included: as the "
+                            "projected spend reaches it, the fleet terminates every instance and exits "
+                            "(docs/budget.md)")
+    fleet.add_argument("--no-budget", action="store_true",
+                       help="run without a budget (a fleet refuses to start without one of the two)")
     fleet.add_argument("--region")
     fleet.add_argument("--endpoint-url")
     fleet.add_argument("--subnet-id")

@@ -192,9 +192,11 @@ class StalenessRule:
 class Vote:
     """What the ranks asked for at the step before (CommitVote carries it): some
     rank saw an interruption notice, or rank 0 has a host update pending (Horovod tells only
-    rank 0). Every rank reads the same vote at the same step, so all decide alike."""
+    rank 0), or rank 0's cost meter projects the job's spend at its budget (only rank 0 keeps
+    the bill). Every rank reads the same vote at the same step, so all decide alike."""
     notice: bool = False
     hosts_update: bool = False
+    budget: bool = False
 
 
 NO_VOTE = Vote()
@@ -205,6 +207,7 @@ class CommitDecision:
     commit: bool  # state.commit(): the rollback point, where hosts join or leave
     durable: bool  # and rank 0 snapshots it for a durable checkpoint
     first_notice: bool  # the first commit since a notice reached the ring (worth a log line)
+    stop: bool = False  # the budget is reached: commit, checkpoint durably, and end the job here
 
 
 class CommitPolicy:
@@ -218,6 +221,8 @@ class CommitPolicy:
     - An interruption notice: a server is about to go, maybe rank 0's. Commit every step until
       it has left (a removal then loses nothing, and a kill at most one step), and make the
       first of those commits durable, once per ring.
+    - The budget reached: commit, make it durable, and stop (every rank at the same step), the
+      way a notice checkpoints, except that the job then ends.
     """
 
     def __init__(self, commit_every: int, checkpoint_every: int, total_steps: int):
@@ -238,6 +243,8 @@ class CommitPolicy:
         if first_notice:
             self.notice_checkpointed = True
             durable = True
+        if vote.budget:
+            return CommitDecision(True, True, first_notice, stop=True)
         return CommitDecision(commit, durable, first_notice)
 
 
@@ -260,7 +267,8 @@ class CommitVote:
     every rank commit at the same step, since a commit is a collective. A blocking allreduce
     cost one round trip on the ring each time; instead the flags (notice, host update) travel
     in an async allreduce (max) while the next step computes, and that step reads them as a
-    `Vote`. It runs with notices off too (the notice flag is then always clear), so that a host
+    `Vote`. Rank 0 also puts its budget verdict in each vote it starts (billing/budget.py's stop
+    rule on its cost meter), so that every rank stops at the same step. It runs with notices off too (the notice flag is then always clear), so that a host
     joins or leaves soon after Horovod tells rank 0, not at the next commit_every.
 
     Which steps vote is decided by the votes themselves, so that every rank agrees: each vote
@@ -306,13 +314,15 @@ class CommitVote:
         self._name = f"transientvod.commit_vote.{ring_step}"
         self._next_step = ring_step
 
-    def exchange(self, step: int, notice: bool, hosts_update: bool) -> Vote:
+    def exchange(self, step: int, notice: bool, hosts_update: bool, budget_reached=None) -> Vote:
         """At `step` (equal on every rank): return the answer to the vote in flight, if any
         (nothing on the first step after a start or a reset), and send this rank's flags if
-        `step` is a voting step. At most one vote is in flight."""
+        `step` is a voting step. At most one vote is in flight. `budget_reached`: a callable
+        asked only when this rank starts a vote (rank 0 passes its meter's verdict), or None."""
         answer = self.finish()
         if step >= self._next_step:
-            flags = torch.tensor([int(notice), int(hosts_update), self._propose(step)])
+            budget = budget_reached is not None and budget_reached()
+            flags = torch.tensor([int(notice), int(hosts_update), int(budget), self._propose(step)])
             self._in_flight = step, hvd.allreduce_async(flags, op=hvd.Max, name=self._name)
             self.votes += 1
         return answer
@@ -334,11 +344,11 @@ class CommitVote:
             return NO_VOTE
         (asked_at, handle), self._in_flight = self._in_flight, None
         began = time.perf_counter()
-        notice, hosts_update, next_step = wait([handle])[0].tolist()
+        notice, hosts_update, budget, next_step = wait([handle])[0].tolist()
         self.waited_seconds += time.perf_counter() - began
         # Every rank reads this same answer: the next voting step is the same on all of them.
-        self._next_step = asked_at + 1 if notice or hosts_update else next_step
-        return Vote(notice=bool(notice), hosts_update=bool(hosts_update))
+        self._next_step = asked_at + 1 if notice or hosts_update or budget else next_step
+        return Vote(notice=bool(notice), hosts_update=bool(hosts_update), budget=bool(budget))
 
 
 # The synchronized attributes a durable checkpoint keeps besides model, optimizer and sampler.

@@ -126,6 +126,7 @@ def prepare(config: Config, discovery: str | None = None, script: list[str] | No
     except TaskError as e:
         raise LaunchError(str(e)) from None
     check_prices(config)
+    check_budget_left(config)
     config.cluster.discovery_script = discovery
     if config.tracking.enabled:
         # Last of the checks, so that a job that cannot start leaves no empty run behind.
@@ -162,6 +163,35 @@ def check_prices(config: Config) -> None:
         check(config)
     except PriceError as e:
         raise LaunchError(str(e)) from None
+
+
+def check_budget_left(config: Config) -> None:
+    """A job whose latest durable checkpoint says it has spent cost.budget_usd already (the
+    ledger its cost meter keeps there, billed up to the moment it was saved) is refused before
+    anything starts, in one sentence: it would stop again at its first vote."""
+    budget = config.cost.budget_usd
+    if budget is None:
+        return
+    from transientvod.billing.budget import spent_at_start
+    from transientvod.billing.job import JobBill
+    from transientvod.checkpoint import CheckpointError, open_store
+
+    where = config.checkpoint_dir
+    if "://" not in where and not Path(where).is_dir():
+        return  # a first run: nothing spent, and no directory made here
+    try:
+        checkpoint = open_store(where, keep_last=config.checkpoint.keep_last).load_latest()
+    except CheckpointError as e:
+        raise LaunchError(str(e)) from None
+    progress = (checkpoint.state.get("progress") or {}) if checkpoint is not None else {}
+    if not progress.get("cost_ledger"):
+        return
+    now = time.time()
+    spent = JobBill(config, progress["cost_ledger"], now).spent_until(progress.get("ledger_saved_at") or now)
+    if spent_at_start(spent, budget):
+        raise LaunchError(f"the job's checkpoint of step {progress.get('step', '?')} in {where} says it has spent "
+                          f"${spent:.2f} already, its whole budget (cost.budget_usd) of ${budget:.2f} or more; run "
+                          "train again with a larger cost.budget_usd to resume.")
 
 
 SPOT_HOSTS_MODULE = "transientvod.launch.spot_hosts"  # launch/spot_hosts.py, shipped in the package

@@ -13,7 +13,10 @@ or by hand, with a resolved config::
 One loop with named phases: set up (data, model, optimizer, durable checkpoint), then
 `hvd.elastic.run` trains until `train.steps`, committing every `commit_every` steps (the
 point survivors roll back to, and where hosts may join or leave) and writing a durable
-checkpoint every `checkpoint_every` steps. Rank 0 speaks for the job: it writes
+checkpoint every `checkpoint_every` steps. With `cost.budget_usd` set, rank 0's cost meter
+votes to stop once the projected spend reaches it (billing/budget.py): every rank then
+commits at the same step, rank 0 writes a durable checkpoint, and the job ends there (a later
+`train` with a larger budget resumes from it; docs/budget.md). Rank 0 speaks for the job: it writes
 `metrics.jsonl`, `events.jsonl` and, at the end, `summary.json` in the run directory (on the
 launcher's disk through its channel, job_channel.py, when the hosts share no disk with it).
 
@@ -200,7 +203,8 @@ def train(config: Config, record) -> None:
         # a new one, reading what the sampler re-sharded among the workers now in the ring.
         loader = DataLoader(train_set, batch_size=config.data.batch_size, sampler=state.sampler,
                             num_workers=loader_workers, persistent_workers=loader_workers > 0)
-        while state.step < config.train.steps:
+        stopped = False  # on budget: every rank leaves the loop at the same step
+        while state.step < config.train.steps and not stopped:
             for batch_index, (inputs, target) in enumerate(task_batches(loader, task)):
                 lr = state.current_lr()
                 momentum = schedule.apply(lr, state.step)
@@ -257,11 +261,17 @@ def train(config: Config, record) -> None:
                 # Horovod tells rank 0 alone of a host update, and every rank must commit at the
                 # same step.
                 noticed = watcher is not None and watcher.event.is_set()
-                vote = commit_vote.exchange(state.step, noticed, state.hosts_update_pending)
+                vote = commit_vote.exchange(state.step, noticed, state.hosts_update_pending,
+                                            books.budget_reached if hvd.rank() == 0 else None)
                 decision = state.policy.decide(state.step, vote)
                 if decision.first_notice and hvd.rank() == 0:
                     log.info("interruption notice in the job at step %d: checkpointing now and "
                              "committing every step until the host has left", state.step)
+                if decision.stop:
+                    stepper.drain()  # the stale steps' gradients belong in the last checkpoint
+                    if hvd.rank() == 0:
+                        log.info("budget reached at step %d: committing, checkpointing and ending the job",
+                                 state.step)
                 if decision.durable and hvd.rank() == 0:
                     books.before_checkpoint(state)
                     checkpoint_writer.submit(state.step, state.checkpoint_payload(), config_yaml)
@@ -272,6 +282,9 @@ def train(config: Config, record) -> None:
                     except HostsUpdatedInterrupt:
                         stepper.drain()  # every rank raises here, so the old ring is still whole
                         raise
+                if decision.stop:
+                    stopped = True
+                    break
                 if state.step >= config.train.steps:
                     break
             else:
@@ -279,11 +292,15 @@ def train(config: Config, record) -> None:
                 state.epoch += 1
                 state.sampler.set_epoch(state.epoch)
         commit_vote.finish()  # every rank has the same vote in flight, or none: no op outlives the loop
+        if stopped:
+            return None  # no final evaluation: it would spend past the budget
         # The final scores, by every rank, inside the elastic run: a peer lost here rolls
         # back to the last commit (the last step) and the survivors evaluate again.
         return scored(state.model)
 
     metrics = run(state)
+    stopped_on_budget = metrics is None
+    metrics = metrics or {}
     if watcher is not None:
         watcher.stop()
     # Every process, not only today's rank 0: a process that was rank 0 before a reset may
@@ -305,12 +322,15 @@ def train(config: Config, record) -> None:
             "checkpoint": store.location,
             "parameter_checksum": parameter_checksum(state.model),
         }
-        books.finish(state, summary)
+        books.finish(state, summary, stopped_on_budget)
         record.append("metrics.jsonl", {"step": state.step, **metrics, "cost_usd": summary["cost"]["cost_usd"]})
         record.write_summary(json.dumps(summary, indent=2) + "\n")
-        log.info("finished %d steps; %s; cost $%.4f (on-demand $%.4f)", state.step,
-                 ", ".join(f"{name} {value:.4f}" for name, value in metrics.items()),
-                 summary["cost"]["cost_usd"], summary["cost"]["on_demand_usd"])
+        if stopped_on_budget:
+            log.info("%s", summary["budget_stop"]["sentence"])
+        else:
+            log.info("finished %d steps; %s; cost $%.4f (on-demand $%.4f)", state.step,
+                     ", ".join(f"{name} {value:.4f}" for name, value in metrics.items()),
+                     summary["cost"]["cost_usd"], summary["cost"]["on_demand_usd"])
 
 
 def main(argv: list[str] | None = None) -> int:

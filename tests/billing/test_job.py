@@ -50,6 +50,17 @@ def test_always_on_servers_and_a_restart_from_the_ledger():
     assert final.cost_usd == pytest.approx(1200 * K80_SPOT / HOUR + 2400 * PS_ON_DEMAND / HOUR)
 
 
+def test_what_a_stopped_job_spent_is_its_ledger_billed_until_it_was_saved():
+    c = config(always_on="ps")
+    bill = JobBill(c, None, 0.0)
+    bill.follow_ring(["a", "b"], 0.0)
+    assert bill.running_usd_per_hour(10.0) == pytest.approx(2 * K80_SPOT + PS_ON_DEMAND)
+    ledger = json.loads(json.dumps(bill.ledger()))
+    # Saved at 600 s; read an hour later, the servers are billed up to 600 s, not to now.
+    spent = JobBill(c, ledger, HOUR).spent_until(600.0)
+    assert spent == pytest.approx(1200 * K80_SPOT / HOUR + 600 * PS_ON_DEMAND / HOUR)
+
+
 def test_check_prices_names_what_cannot_be_priced():
     check_prices(config(), now=0.0)
     with pytest.raises(PriceError, match="'a100'"):

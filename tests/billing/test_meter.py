@@ -64,6 +64,20 @@ def test_revoked_host_is_billed_until_its_revocation():
     assert after.cost_usd == pytest.approx(1000 * K80_SPOT / HOUR)
 
 
+def test_running_usd_per_hour_counts_what_runs_at_that_moment():
+    meter = gce_meter()
+    meter.join("w1", 0.0, "k80", "spot")
+    meter.join("w2", 100.0, "k80", "spot")
+    meter.add_always_on("ps", "ps", 0.0)
+    assert meter.running_usd_per_hour(50.0) == pytest.approx(K80_SPOT + PS_ON_DEMAND)  # w2 not yet started
+    assert meter.running_usd_per_hour(200.0) == pytest.approx(2 * K80_SPOT + PS_ON_DEMAND)
+    meter.leave("w1", 1000.0)  # revoked at 1000 s: it runs, and bills, until then
+    assert meter.running_usd_per_hour(500.0) == pytest.approx(2 * K80_SPOT + PS_ON_DEMAND)
+    assert meter.running_usd_per_hour(1000.0) == pytest.approx(K80_SPOT + PS_ON_DEMAND)
+    meter.stop_always_on("ps", 1200.0)
+    assert meter.running_usd_per_hour(1300.0) == pytest.approx(K80_SPOT)
+
+
 def test_a_host_that_rejoins_is_a_new_server_with_its_own_minimum():
     meter = gce_meter()
     meter.join("w1", 0.0, "k80", "spot")

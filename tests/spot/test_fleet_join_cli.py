@@ -42,7 +42,7 @@ def public_key(tmp_path):
 def fleet_cli(url: str, ami: str, *extra: str) -> subprocess.CompletedProcess:
     argv = TRANSIENTVOD + ["fleet", "--job-tag", JOB, "--instance-types", "g4dn.xlarge", "--target", "1",
                            "--image-id", ami, "--price", "g4dn.xlarge=0.2", "--region", REGION,
-                           "--endpoint-url", url, *extra]
+                           "--endpoint-url", url, "--budget", "5", *extra]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO)
 
 

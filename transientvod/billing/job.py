@@ -81,6 +81,18 @@ class JobBill:
         for name, instance_type in names.items():
             self.meter.add_always_on(name, instance_type, now)
 
+    def spent_until(self, last_seen: float) -> float:
+        """Dollars of the ledger's servers billed up to `last_seen` (the last moment it was
+        saved), as a restart bills them; this bill's meter is then ended, so use it only to read
+        what a stopped job spent."""
+        self.meter.set_members({}, last_seen)
+        for name in self._always_on_names():
+            self.meter.stop_always_on(name, last_seen)
+        return self.meter.bill(last_seen).cost_usd
+
+    def running_usd_per_hour(self, now: float) -> float:
+        return self.meter.running_usd_per_hour(now)
+
     def finish(self, now: float) -> Bill:
         """The job ended: every server stops being billed now."""
         self.meter.set_members({}, now)

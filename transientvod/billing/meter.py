@@ -153,6 +153,13 @@ class CostMeter:
         return Bill(cost_usd=cost, on_demand_usd=on_demand, savings_pct=savings,
                     host_seconds=sum(line.billed_seconds for line in lines), lines=tuple(lines))
 
+    def running_usd_per_hour(self, now: float) -> float:
+        """Dollars per hour of the servers running at `now` (started, not yet ended; a revoked
+        host billed until a later revocation still runs), at their prices of that moment:
+        what each further second of the job adds to the bill (billing/budget.py's projection)."""
+        return sum(self.catalog.hourly(segment.instance_type, segment.market, now) for segment in self._segments
+                   if segment.start <= now and (segment.end is None or segment.end > now))
+
     # --- surviving a restart ---------------------------------------------------------------------
 
     def state(self) -> dict:

@@ -2,6 +2,7 @@
 ConfigError that names the key, the file and what to write instead."""
 from __future__ import annotations
 
+import math
 import re
 import typing
 
@@ -60,6 +61,10 @@ def validate(config: Config, source: str = "config") -> None:
     one_of("cost.market", config.cost.market, MARKETS)
     if not config.cost.instance_type.strip():
         fail("cost.instance_type", "is empty; name the type of the worker hosts (gce: k80, p100, v100).")
+    budget = config.cost.budget_usd
+    if budget is not None and not (math.isfinite(budget) and budget > 0):
+        fail("cost.budget_usd", f"is {budget}; set it to the most the job may cost, a positive number of dollars "
+             "(or null for no limit).")
     if config.tracking.enabled and not config.tracking.experiment.strip():
         fail("tracking.experiment", "is empty; name the MLflow experiment the run goes into.")
     if config.spot.provider == "aws" and not config.spot.job_tag:

@@ -192,6 +192,10 @@ class CostConfig:
     zone: str = ""  # aws spot: the availability zone whose spot price history bills the hosts
     always_on: str = ""  # comma-separated types billed on-demand for the whole run (gce: ps)
     price_table: str = ""  # CSV instance_type,on_demand_usd_per_hour overriding the built-in table
+    # The most the whole job may cost, in dollars (servers already running included): as the
+    # projected spend reaches it, the job commits, writes a durable checkpoint and ends
+    # (docs/budget.md). null: no limit. `train --budget DOLLARS` sets it too.
+    budget_usd: float | None = None
 
 
 @dataclass

@@ -10,9 +10,13 @@ A fleet whose pass finds an instance of the job marked `transientvod:ended-by` (
 `transientvod down` and a launcher at its job's end tag before they terminate, job_instances.py)
 launches nothing more, terminates the rest and returns: the job was ended, from any machine.
 
-The budget rule is billing/budget.py's: before each launch, spent() plus an hour (the
+The budget rules are billing/budget.py's. Before each launch, spent() plus an hour (the
 horizon) of everything running and the new server must stay within the budget; a pass that
-would break it launches nothing more and answers a "hold" action quoting the numbers.
+would break it launches nothing more and answers a "hold" action quoting the numbers. And
+before each pass, `run` projects the spend to the next pass (spent() plus `poll_seconds` of
+everything running): once that reaches the budget it launches nothing more, terminates every
+instance of the job and returns, with `budget_stop` saying why. A budget that the job's
+instances (running or ended) have spent already is refused before anything is launched.
 
 An instance costs its type's `hourly_price` for billing.meter.billed_seconds(end -
 LaunchTime) (per second, rounded up, one minute at least), where the end is now for a
@@ -44,7 +48,8 @@ from datetime import datetime, timezone
 import botocore.exceptions
 
 from transientvod.aws_clients import aws_client, client_error_codes
-from transientvod.billing.budget import budget_horizon_hours, launch_verdict
+from transientvod.billing.budget import (BudgetError, StopVerdict, budget_horizon_hours, launch_verdict, spent_at_start,
+                                         stop_verdict)
 from transientvod.billing.meter import billed_seconds
 from transientvod.spot.aws import FILTER_VALUES_PER_CALL, GONE_STATES, INSTANCE_STATES, aws_error
 from transientvod.spot.fleet_spec import FleetAction, FleetSpec
@@ -115,6 +120,8 @@ class Fleet:
         # Instances already ended and marked at the first pass: an earlier job's ending, which
         # EC2 keeps listing for about an hour; a new fleet of the same tag must not stop on it.
         self._old_marks: set[str] | None = None
+        # Set when run() stopped because the projected spend reached the budget.
+        self.budget_stop: StopVerdict | None = None
         # run() may reconcile on one thread while another asks spent().
         self._lock = threading.RLock()
         self.region = region
@@ -167,6 +174,29 @@ class Fleet:
         with self._lock:
             return self._committed_rate(self._instances(self._clock()))
 
+    def budget_verdict(self, lead_seconds: float) -> StopVerdict:
+        """billing.budget.stop_verdict of the job now: spent() plus `lead_seconds` of the
+        instances pending or running, against the budget (never a stop without one)."""
+        with self._lock:
+            now = self._clock()
+            instances = self._instances(now)
+            return stop_verdict(self._spent(instances, now), self._committed_rate(instances), lead_seconds,
+                                self.spec.budget)
+
+    def check_budget_left(self) -> None:
+        """BudgetError, before anything is launched, when the job's instances found (running or
+        ended) have cost the budget already."""
+        with self._lock:
+            now = self._clock()
+            instances = self._instances(now)
+            spent = self._spent(instances, now)
+            if not spent_at_start(spent, self.spec.budget):
+                return
+            running = sum(1 for i in instances if _state(i) in ALIVE_STATES)
+            raise BudgetError(f"job {self.spec.job_tag} has cost ${spent:.2f} already ({len(instances)} instances "
+                              f"found, {running} of them pending or running), which is its budget of "
+                              f"${self.spec.budget:.2f} or more; the fleet launched nothing: give a larger --budget.")
+
     def terminate_all(self) -> list[FleetAction]:
         """Terminates every instance of the job that has not ended (in a dry run, only says so)."""
         with self._lock:
@@ -188,15 +218,26 @@ class Fleet:
                     for i in ending]
 
     def run(self, poll_seconds: float = 30.0, stop: threading.Event | None = None, until=None) -> None:
-        """Reconciles every `poll_seconds` until `stop` is set or `until()` answers True, then
-        terminates every instance of the job; also when interrupted (Ctrl-C) or failing."""
+        """Reconciles every `poll_seconds` until `stop` is set, `until()` answers True or the
+        projected spend to the next pass reaches the budget (then `budget_stop` says so), then
+        terminates every instance of the job; also when interrupted (Ctrl-C) or failing. A
+        budget spent already is BudgetError, and nothing is launched or terminated."""
         if not poll_seconds > 0:
             raise ValueError(f"poll_seconds is {poll_seconds!r}; it must be a positive number of seconds.")
         stop = stop or threading.Event()
+        self.check_budget_left()
         try:
             reconciled_once = False
             while not stop.is_set():
                 try:
+                    verdict = self.budget_verdict(poll_seconds)
+                    if verdict.stop:
+                        self.budget_stop = verdict
+                        log.warning("job %s: projected spend $%.2f (spent $%.2f + $%.2f/h running for the next "
+                                    "%g s) reached the budget of $%.2f; terminating every instance.",
+                                    self.spec.job_tag, verdict.projected_usd, verdict.spent_usd,
+                                    verdict.running_usd_per_hour, verdict.lead_seconds, verdict.budget_usd)
+                        break
                     self.reconcile()
                 except ProviderError as e:
                     # A first pass that fails is a setup to fix; a later one is the network or

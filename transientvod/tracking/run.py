@@ -160,7 +160,9 @@ def _unfinished_run(mlflow_client, config: Config, uri: str, experiment_id: str)
 
 def close_run(config: Config, summary: dict | None, succeeded: bool) -> None:
     """Send what rank 0 could not, then the final metrics, figure and summary; mark the run
-    finished or failed. Never raises: the job's results are on disk whatever MLflow says."""
+    finished or failed, or killed when its budget stopped it (a run not finished: the next
+    `train` with a larger budget continues it). Never raises: the job's results are on disk
+    whatever MLflow says."""
     uri, run_id = tracking_uri(config), config.tracking.run_id
     try:
         mlflow_client = client(uri)
@@ -175,7 +177,10 @@ def close_run(config: Config, summary: dict | None, succeeded: bool) -> None:
                                                          for k, v in final.items()])
             mlflow_client.log_dict(run_id, summary, names.ARTIFACT_SUMMARY)
             log_figure(mlflow_client, run_id)
-        mlflow_client.set_terminated(run_id, status="FINISHED" if succeeded else "FAILED")
+        status = "FINISHED" if succeeded else "FAILED"
+        if succeeded and summary is not None and summary.get("budget_stop"):
+            status = "KILLED"
+        mlflow_client.set_terminated(run_id, status=status)
     except Exception as e:
         log.warning("%s The run's metrics stay in %s.", unreachable(uri, e),
                     config.run_dir / "metrics.jsonl")
