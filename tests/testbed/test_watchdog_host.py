@@ -1,28 +1,28 @@
 """The watchdog on a testbed host that booted from the fleet's real user data: the host's
 network namespace carries EC2's metadata address (169.254.169.254 on its loopback) with a
 stand-in metadata service there (fake_imds_tags.py, the one stand-in the project allows), and
-a stand-in `shutdown` first on the PATH the user data gets (it records its call; nothing is
-shut down). A minute lasts a few seconds here (TRANSIENTVOD_WATCHDOG_MINUTE_SECONDS, for
+the testbed's own stand-in `shutdown` first on the PATH the user data gets (testbed/boot.py: it
+records its call; nothing is shut down, as a testbed host's shutdown would be this machine's). A minute lasts a few seconds here (TRANSIENTVOD_WATCHDOG_MINUTE_SECONDS, for
 tests only); the 2-minute floor users get holds as it is.
 
 (a) While the head's heartbeat changes, the watchdog ends nothing, across twice its limit.
 (b) Once it stops changing, the stand-in is called, and not before the limit."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from conftest import TRANSIENTVOD
-from fake_imds_tags import set_tag, stand_in_shutdown
+from fake_imds_tags import set_tag
 from testbed_support import require_testbed, testbed_factory  # noqa: F401 (a fixture)
 
 from transientvod.spot.watchdog import HEARTBEAT_TAG, MINUTE_SECONDS_ENV
-from transientvod.testbed.boot import boot
+from transientvod.testbed.boot import boot, shutdown_calls
 
 pytestmark = [require_testbed(), pytest.mark.slow]
 
@@ -67,45 +67,68 @@ def watchdogs_in(host: str) -> list[int]:
     return found
 
 
+class Head:
+    """The fleet's part: a new heartbeat every half second, on a thread, until stopped."""
+
+    def __init__(self, tags_dir: Path):
+        self.tags_dir = tags_dir
+        self.last_beat_at = time.monotonic()
+        set_tag(tags_dir, HEARTBEAT_TAG, "0")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        beat = 0
+        while not self._stop.wait(0.5):
+            beat += 1
+            self.last_beat_at = time.monotonic()  # before the write: the watchdog can read it no earlier
+            set_tag(self.tags_dir, HEARTBEAT_TAG, str(beat))
+
+    def die(self) -> float:
+        """Stops beating; when the last heartbeat was written."""
+        self._stop.set()
+        self._thread.join(timeout=10)
+        return self.last_beat_at
+
+
 def test_the_watchdog_ends_nothing_while_the_heartbeat_changes_and_shuts_down_once_it_stops(
         testbed_factory, tmp_path, monkeypatch):
     record = testbed_factory(2)
     _, h2 = record.layout.hosts
     tags_dir = tmp_path / "tags"
     tags_dir.mkdir()
-    set_tag(tags_dir, HEARTBEAT_TAG, "1")
-    bin_dir, calls = stand_in_shutdown(tmp_path)
     script = user_data(tmp_path, record.directory / "id_ed25519.pub")
     service = metadata_service(h2.name, tags_dir)
+    head = Head(tags_dir)  # beating from before the boot: the boot may well take longer than the limit
     try:
         # What boot runs inherits this environment, as cloud-init's user data has its own.
-        monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
         monkeypatch.setenv(MINUTE_SECONDS_ENV, str(SECONDS_PER_MINUTE))
         output = boot(record.name, h2.name, script)
         assert "watchdog started: 2 min without the head's heartbeat shut this instance down" in output, output
         assert "ready: sshd runs" in output, output
-        assert len(watchdogs_in(h2.name)) == 1
 
-        # (a) A new heartbeat every half second, for twice the limit: nothing ends.
-        for beat in range(2, 2 + int(4 * LIMIT_SECONDS)):
+        # (a) The head beats on for twice the limit after the boot: nothing ends.
+        deadline = time.monotonic() + 2 * LIMIT_SECONDS
+        while time.monotonic() < deadline:
+            assert shutdown_calls(record.name, h2.name) == []
+            assert len(watchdogs_in(h2.name)) == 1
             time.sleep(0.5)
-            last_beat_at = time.monotonic()  # before the write: the watchdog can read it no earlier
-            set_tag(tags_dir, HEARTBEAT_TAG, str(beat))
-            assert not calls.exists(), calls.read_text()
-        assert len(watchdogs_in(h2.name)) == 1
 
-        # (b) The head stops: the stand-in is called once the limit has passed, not before.
-        silent_from = last_beat_at
+        # (b) The head dies: the stand-in is called once the limit has passed, not before.
+        silent_from = head.die()
         deadline = silent_from + LIMIT_SECONDS + 30
-        while not calls.exists() and time.monotonic() < deadline:
+        while not shutdown_calls(record.name, h2.name) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert calls.exists(), f"the watchdog called no shutdown within {LIMIT_SECONDS + 30:g} s of silence"
+        assert shutdown_calls(record.name, h2.name), \
+            f"the watchdog called no shutdown within {LIMIT_SECONDS + 30:g} s of silence"
         assert time.monotonic() - silent_from >= LIMIT_SECONDS
-        assert calls.read_text().splitlines() == ["shutdown -h now"]
+        assert shutdown_calls(record.name, h2.name) == ["shutdown -h now"]
         deadline = time.monotonic() + 10
         while watchdogs_in(h2.name) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert watchdogs_in(h2.name) == []  # it exits once it has shut the instance down
     finally:
+        head.die()
         service.terminate()
         service.wait(timeout=10)
