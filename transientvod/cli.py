@@ -288,8 +288,13 @@ def cmd_fleet(args) -> int:
     try:
         fleet.run(poll_seconds=args.poll_seconds)
     except EndingSignal as e:  # run() has terminated every instance of the job by now
+        from transientvod.spot.provider import ProviderError
+        try:
+            spent = f"; spent ${fleet.spent():.2f}"
+        except ProviderError:  # the exit code still says which signal: the sum is only a report
+            spent = ""
         print(f"transientvod fleet: {e.name} ended the fleet; every instance of job {spec.job_tag} is "
-              f"terminating; spent ${fleet.spent():.2f}", flush=True)
+              f"terminating{spent}", flush=True)
         return e.exit_code
     print(f"transientvod fleet: spent ${fleet.spent():.2f}", flush=True)
     return 0
