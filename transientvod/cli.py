@@ -218,8 +218,8 @@ def fleet_user_data(args) -> str:
         raise ConfigError(str(e)) from None
     if args.watchdog_minutes * 60 < WATCHDOG_PASSES * args.poll_seconds:
         raise ConfigError(f"--watchdog-minutes {args.watchdog_minutes:g} is shorter than {WATCHDOG_PASSES} of the "
-                          f"fleet's passes (--poll-seconds {args.poll_seconds:g}), which write the heartbeat; give more "
-                          "minutes or fewer seconds.")
+                          f"fleet's passes (--poll-seconds {args.poll_seconds:g}), which write the heartbeat; "
+                          "give more minutes or fewer seconds.")
     return script
 
 

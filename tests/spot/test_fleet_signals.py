@@ -24,7 +24,8 @@ def ec2(ec2_moto, monkeypatch):
 
 
 def job_instances(client, states) -> list[str]:
-    filters = [{"Name": "tag:transientvod:job", "Values": [JOB]}, {"Name": "instance-state-name", "Values": list(states)}]
+    filters = [{"Name": "tag:transientvod:job", "Values": [JOB]},
+               {"Name": "instance-state-name", "Values": list(states)}]
     return [i["InstanceId"] for r in client.describe_instances(Filters=filters)["Reservations"] for i in r["Instances"]]
 
 

@@ -136,7 +136,8 @@ def test_the_watchdog_starts_first_and_is_the_packages_own_program():
     source = ast.parse(open(watchdog.__file__).read())
     for node in ast.walk(source):  # the same program, less its docstrings
         body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)):
             node.body = body[1:] or [ast.Pass()]
     assert ast.dump(ast.parse(program)) == ast.dump(source)
     assert join_script(spec()) == join_script(spec())  # the same package, the same user data

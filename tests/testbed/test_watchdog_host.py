@@ -1,9 +1,10 @@
 """The watchdog on a testbed host that booted from the fleet's real user data: the host's
 network namespace carries EC2's metadata address (169.254.169.254 on its loopback) with a
 stand-in metadata service there (fake_imds_tags.py, the one stand-in the project allows), and
-the testbed's own stand-in `shutdown` first on the PATH the user data gets (testbed/boot.py: it
-records its call; nothing is shut down, as a testbed host's shutdown would be this machine's). A minute lasts a few seconds here (TRANSIENTVOD_WATCHDOG_MINUTE_SECONDS, for
-tests only); the 2-minute floor users get holds as it is.
+the testbed's own stand-in `shutdown` first on the PATH the user data gets (testbed/boot.py:
+it records its call and ends nothing, since a testbed host's shutdown would be this machine's).
+A minute lasts a few seconds here (TRANSIENTVOD_WATCHDOG_MINUTE_SECONDS, for tests only); the
+2-minute floor users get holds as it is.
 
 (a) While the head's heartbeat changes, the watchdog ends nothing, across twice its limit.
 (b) Once it stops changing, the stand-in is called, and not before the limit."""
