@@ -99,7 +99,14 @@ def cmd_train(args) -> int:
     if script_args and not args.script:
         raise ConfigError(f"{' '.join(script_args)} after the options are a script's arguments; give the script "
                           "with --script, or leave them out.")
-    return finish(run_job(config, args.discovery, [args.script, *script_args] if args.script else None))
+    from transientvod.ending_signals import EndingSignal
+    try:
+        result = run_job(config, args.discovery, [args.script, *script_args] if args.script else None)
+    except EndingSignal as e:
+        print(f"transientvod: {e.name} stopped the job (horovodrun and its workers ended); the same command "
+              "resumes it from its last durable checkpoint.", file=sys.stderr, flush=True)
+        return e.exit_code
+    return finish(result)
 
 
 def cmd_doctor(args) -> int:
@@ -199,22 +206,34 @@ def launcher_torch() -> str:
         return "torch"
 
 
-def fleet_user_data(args) -> str:
-    """The join script for --ssh-public-key and its options; "" without a key."""
-    from transientvod.spot.user_data import JoinSpec, UserDataError, join_script, read_public_key
+# The watchdog's limit spans at least this many heartbeats: one CreateTags that fails is no ending.
+WATCHDOG_PASSES = 3
+WATCHDOG_DEFAULT_MINUTES = 10.0  # spot/watchdog.py's DEFAULT_MINUTES (tests/spot/test_watchdog.py checks)
 
-    if not args.ssh_public_key:
-        if args.horovod_wheel or args.project_spec:
-            raise ConfigError("--horovod-wheel and --project-spec go into the user data, which needs the "
-                              "launcher's key; give --ssh-public-key too.")
-        return ""
+
+def fleet_user_data(args) -> str:
+    """The join script for --ssh-public-key and its options; without a key, the watchdog alone
+    (every instance of a fleet ends itself when the fleet's heartbeat stops)."""
+    from transientvod.spot.user_data import JoinSpec, UserDataError, join_script, read_public_key, watchdog_script
+
+    if not args.ssh_public_key and (args.horovod_wheel or args.project_spec):
+        raise ConfigError("--horovod-wheel and --project-spec go into the user data, which needs the "
+                          "launcher's key; give --ssh-public-key too.")
     try:
-        return join_script(JoinSpec(public_key=read_public_key(args.ssh_public_key), ssh_user=args.ssh_user,
-                                    venv=args.worker_venv, project=args.project_spec,
-                                    horovod_wheel=args.horovod_wheel, torch=args.torch_spec,
-                                    region=args.region or ""))
+        if not args.ssh_public_key:
+            script = watchdog_script(args.watchdog_minutes)
+        else:
+            script = join_script(JoinSpec(public_key=read_public_key(args.ssh_public_key), ssh_user=args.ssh_user,
+                                          venv=args.worker_venv, project=args.project_spec,
+                                          horovod_wheel=args.horovod_wheel, torch=args.torch_spec,
+                                          region=args.region or "", watchdog_minutes=args.watchdog_minutes))
     except UserDataError as e:
         raise ConfigError(str(e)) from None
+    if args.watchdog_minutes * 60 < WATCHDOG_PASSES * args.poll_seconds:
+        raise ConfigError(f"--watchdog-minutes {args.watchdog_minutes:g} is shorter than {WATCHDOG_PASSES} of the "
+                          f"fleet's passes (--poll-seconds {args.poll_seconds:g}), which write the heartbeat; "
+                          "give more minutes or fewer seconds.")
+    return script
 
 
 def fleet_instance_profile(args) -> str:
@@ -244,12 +263,13 @@ def cmd_fleet(args) -> int:
     import boto3
 
     from transientvod.billing.budget import BudgetError
+    from transientvod.ending_signals import EndingSignal
     from transientvod.spot.fleet import Fleet
     from transientvod.spot.fleet_spec import FleetSpec
 
     user_data = fleet_user_data(args)
     if args.print_user_data:
-        if not user_data:
+        if not args.ssh_public_key:
             raise ConfigError("--print-user-data prints the join script, which needs --ssh-public-key.")
         sys.stdout.write(user_data)
         return 0
@@ -269,12 +289,12 @@ def cmd_fleet(args) -> int:
               "spending but you.", flush=True)
     # After every check of what was typed: this is the first AWS call.
     instance_profile = spec.instance_profile = fleet_instance_profile(args)
-    if not user_data:
-        print("transientvod fleet: no --ssh-public-key, so no user data: the image itself must run sshd with the "
-              "launcher's key and have torch, Horovod and transientvod.", flush=True)
+    if not args.ssh_public_key:
+        print("transientvod fleet: no --ssh-public-key, so the user data only starts the watchdog: the image itself "
+              "must run sshd with the launcher's key and have torch, Horovod and transientvod.", flush=True)
     fleet = Fleet(spec, region=args.region, endpoint_url=args.endpoint_url, dry_run=args.dry_run)
     joins = (f"{len(user_data.encode())} bytes of user data (the join script; --print-user-data shows it)"
-             if user_data else "no user data")
+             if args.ssh_public_key else f"{len(user_data.encode())} bytes of user data (the watchdog)")
     print(f"transientvod fleet: each instance gets {joins} and "
           + (f"instance profile {instance_profile}." if instance_profile else "no instance profile."), flush=True)
     if args.dry_run:
@@ -286,11 +306,20 @@ def cmd_fleet(args) -> int:
             print(f"would {action.kind} {action.instance_type or ''} {action.instance_id or ''}: {action.reason}".strip())
         return 0
     print(f"transientvod fleet: keeping {spec.target} spot instances tagged {spec.tag_key}={spec.job_tag}; "
-          "Ctrl-C terminates them all.", flush=True)
+          "Ctrl-C, SIGTERM or SIGHUP terminates them all.", flush=True)
     try:
         fleet.run(poll_seconds=args.poll_seconds)
     except BudgetError as e:  # spent already: nothing was launched
         raise ConfigError(str(e)) from None
+    except EndingSignal as e:  # run() has terminated every instance of the job by now
+        from transientvod.spot.provider import ProviderError
+        try:
+            spent = f"; spent ${fleet.spent():.2f}"
+        except ProviderError:  # the exit code still says which signal: the sum is only a report
+            spent = ""
+        print(f"transientvod fleet: {e.name} ended the fleet; every instance of job {spec.job_tag} is "
+              f"terminating{spent}", flush=True)
+        return e.exit_code
     stop = fleet.budget_stop
     if stop is not None:
         print(f"transientvod fleet: job {spec.job_tag}'s projected spend ${stop.projected_usd:.2f} (spent "
@@ -643,6 +672,9 @@ def build_parser() -> argparse.ArgumentParser:
     join.add_argument("--instance-profile", default="",
                       help="IAM instance profile of the instances, or 'none' (default: transientvod-JOB-worker "
                            "when 'transientvod aws setup' made it)")
+    join.add_argument("--watchdog-minutes", type=float, default=WATCHDOG_DEFAULT_MINUTES,
+                      help="an instance that has not heard the fleet's heartbeat this long shuts down and is "
+                           "terminated (at least 2; docs/watchdog.md)")
     join.add_argument("--print-user-data", action="store_true", help="print the user data and exit; no AWS call")
     fleet.add_argument("--dry-run", action="store_true", help="print what it would do; change nothing")
     fleet.set_defaults(func=cmd_fleet)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transientvod.config import Config, write_resolved
+from transientvod.ending_signals import ending_signals
 from transientvod.job_channel import JOB_ERRORS, LAUNCHER_ENV
 from transientvod.worker_env import worker_environment
 
@@ -301,6 +302,13 @@ def script_environment(worker_config: str) -> dict[str, str]:
 def run_job(config: Config, discovery: str | None = None, script: list[str] | None = None) -> JobResult:
     """`script`: a library-mode script's path and arguments (horovodrun's workers run it), or
     None for the task loop."""
+    # SIGTERM and SIGHUP take Ctrl-C's ending path (horovodrun and its workers stopped, the
+    # finally blocks run): ending_signals.EndingSignal.
+    with ending_signals("the launcher"):
+        return _run_job(config, discovery, script)
+
+
+def _run_job(config: Config, discovery: str | None, script: list[str] | None) -> JobResult:
     if script is not None:
         script = check_script(script[0], script[1:])
     stop_watcher = None
@@ -445,15 +453,41 @@ def run_horovodrun(argv: list[str], extra_env: dict[str, str] | None = None,
         if job_errors is not None:
             threading.Thread(target=stop_on_job_error, args=(proc, job_errors, failed), name="job-errors",
                              daemon=True).start()
-        for line in proc.stderr:
-            if failed.is_set() and not WORKER_LINE.match(line):
-                continue  # horovodrun's own traceback about the stop we caused: the task's comes instead
-            sys.stderr.write(line)
-            probing = probing or INTERFACE_PROBE in line
-            if CAPACITY_TIMEOUT in line and not timed_out:
-                timed_out = INTERFACES_TIMED_OUT if probing else CAPACITY_TIMED_OUT
+        try:
+            for line in proc.stderr:
+                if failed.is_set() and not WORKER_LINE.match(line):
+                    continue  # horovodrun's own traceback about the stop we caused: the task's comes instead
+                sys.stderr.write(line)
+                probing = probing or INTERFACE_PROBE in line
+                if CAPACITY_TIMEOUT in line and not timed_out:
+                    timed_out = INTERFACES_TIMED_OUT if probing else CAPACITY_TIMED_OUT
+        except KeyboardInterrupt:
+            # Ctrl-C, or SIGTERM/SIGHUP through ending_signals. A terminal's Ctrl-C reaches
+            # horovodrun too, but `kill` of the launcher alone does not: horovodrun would go on
+            # without it, and its workers with it.
+            stop_horovodrun(proc)
+            raise
         sys.stderr.flush()
     return proc.returncode, STOPPED if failed.is_set() else timed_out
+
+
+HOROVODRUN_STOP_SECONDS = 30  # for horovodrun to end its workers after SIGTERM, before SIGKILL
+
+
+def stop_horovodrun(proc: subprocess.Popen) -> None:
+    """SIGTERM horovodrun and wait until it has exited: its middlemen see it gone and end each
+    worker's process group (remote workers go with their ssh). SIGKILL after
+    HOROVODRUN_STOP_SECONDS. What it still prints passes through."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        _, rest = proc.communicate(timeout=HOROVODRUN_STOP_SECONDS)
+    except subprocess.TimeoutExpired:
+        log.warning("horovodrun did not exit within %d s of SIGTERM; killing it", HOROVODRUN_STOP_SECONDS)
+        proc.kill()
+        _, rest = proc.communicate()
+    sys.stderr.write(rest or "")
+    sys.stderr.flush()
 
 
 def stop_on_job_error(proc: subprocess.Popen, job_errors: Path, failed: threading.Event) -> None:

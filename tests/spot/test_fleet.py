@@ -317,3 +317,60 @@ def test_no_credentials_is_one_sentence(aws, tmp_path, monkeypatch):
 
 def test_importing_it_pulls_in_neither_torch_nor_horovod():
     assert heavy_modules_imported("transientvod.spot.fleet") == []
+
+
+def test_an_error_in_run_still_terminates_everything(aws):
+    fleet = aws.fleet(aws.spec(target=2))
+
+    def until():
+        raise RuntimeError("a bug in the caller")
+
+    with pytest.raises(RuntimeError, match="a bug in the caller"):
+        fleet.run(poll_seconds=0.01, until=until)
+    assert aws.instances() == {}
+    assert len(aws.instances(states=("shutting-down", "terminated"))) == 2
+
+
+def tags_of(instance: dict) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+
+
+def test_instances_launch_to_terminate_on_shutdown_with_their_tags_in_the_metadata(aws):
+    # What the instance's watchdog needs: its shutdown ends the bill, and it reads the heartbeat tag.
+    fleet = aws.fleet(aws.spec(target=2), clock=FakeClock(1_800_000_000.0))
+    fleet.reconcile()
+    for instance_id, instance in aws.instances().items():
+        behaviour = aws.ec2.describe_instance_attribute(InstanceId=instance_id,
+                                                        Attribute="instanceInitiatedShutdownBehavior")
+        assert behaviour["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+        assert instance["MetadataOptions"]["InstanceMetadataTags"] == "enabled"
+        assert tags_of(instance)["transientvod:heartbeat"] == "1800000000"  # the first, from the launch
+
+
+def test_each_pass_writes_the_heartbeat_on_every_live_instance_of_the_job(aws):
+    clock = FakeClock(1_800_000_000.0)
+    fleet = aws.fleet(aws.spec(target=2), clock=clock)
+    fleet.reconcile()
+    other_job = aws.launch(job="another-job")
+    for now in (1_800_000_030.0, 1_800_000_060.0):
+        clock.now = now
+        assert fleet.reconcile() == []
+        assert {tags_of(i)["transientvod:heartbeat"] for i in aws.instances().values()} == {str(int(now))}
+    assert "transientvod:heartbeat" not in tags_of(aws.instances(job="another-job")[other_job])
+    # An instance that ended gets no more heartbeats (and a replacement its first at launch).
+    revoked = sorted(aws.instances())[0]
+    aws.revoke(revoked)
+    clock.now = 1_800_000_090.0
+    assert [a.kind for a in fleet.reconcile()] == ["replace"]
+    ended = aws.instances(states=("shutting-down", "terminated"))[revoked]
+    assert tags_of(ended)["transientvod:heartbeat"] == "1800000060"
+    assert {tags_of(i)["transientvod:heartbeat"] for i in aws.instances().values()} == {"1800000090"}
+
+
+def test_a_dry_run_writes_no_heartbeat(aws):
+    fleet = aws.fleet(aws.spec(target=1))
+    fleet.reconcile()
+    [instance_id] = aws.instances()
+    dry = aws.fleet(aws.spec(target=1), dry_run=True, clock=FakeClock(1_900_000_000.0))
+    assert dry.reconcile() == []
+    assert tags_of(aws.instances()[instance_id])["transientvod:heartbeat"] != "1900000000"

@@ -18,7 +18,7 @@ from transientvod.cli import launcher_torch
 from transientvod.spot.aws_setup import AwsSetup, setup_instance_profile
 from transientvod.spot.fleet import Fleet
 from transientvod.spot.fleet_spec import FleetSpec
-from transientvod.spot.user_data import JoinSpec, join_script
+from transientvod.spot.user_data import JoinSpec, join_script, watchdog_script
 
 JOB = "join-job"
 REGION = "us-east-1"
@@ -122,3 +122,29 @@ def test_launched_instances_carry_the_user_data_and_the_setup_instance_profile(a
     assert instance["IamInstanceProfile"]["Arn"].endswith(f":instance-profile/{PROFILE}")
     user_data = ec2.describe_instance_attribute(InstanceId=action.instance_id, Attribute="userData")["UserData"]
     assert base64.b64decode(user_data["Value"]).decode() == script
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--watchdog-minutes", "1.5"],
+     "the watchdog minutes are 1.5; give 2 or more (--watchdog-minutes), since a shorter limit could end an "
+     "instance whose head is alive."),
+    (["--watchdog-minutes", "2", "--poll-seconds", "60"],
+     "--watchdog-minutes 2 is shorter than 3 of the fleet's passes (--poll-seconds 60), which write the heartbeat; "
+     "give more minutes or fewer seconds."),
+])
+def test_a_watchdog_that_could_end_a_live_heads_instances_is_one_sentence(public_key, extra, message):
+    for key in ([], ["--ssh-public-key", str(public_key)]):  # with the join script, and the watchdog alone
+        done = fleet_cli("http://127.0.0.1:9", "ami-12345678", *key, *extra, "--dry-run")
+        assert done.returncode == 2
+        assert done.stderr.strip().splitlines() == [f"transientvod: {message}"]
+
+
+def test_without_a_key_each_instance_still_gets_the_watchdog(aws):
+    url, ami, _ = aws
+    done = fleet_cli(url, ami, "--instance-profile", "none", "--watchdog-minutes", "4", "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert ("transientvod fleet: no --ssh-public-key, so the user data only starts the watchdog: the image itself "
+            "must run sshd with the launcher's key and have torch, Horovod and transientvod.") in done.stdout
+    size = len(watchdog_script(4).encode())
+    assert (f"transientvod fleet: each instance gets {size} bytes of user data (the watchdog) and no instance "
+            "profile.") in done.stdout

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from transientvod.spot.user_data import (MAX_USER_DATA_BYTES, JoinSpec, UserDataError, join_script,
-                                         read_public_key)
+                                         read_public_key, watchdog_script)
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJIFiHFyUQYSvQltaNmx9WQ5R3tFyB5Ii0gMbWQtifbe alice@laptop"
 WHEEL = "s3://my-bucket/wheels/horovod-0.28.1+transientvod.1a2b3c4d-cp311-cp311-linux_x86_64.whl"
@@ -113,3 +113,48 @@ def test_a_missing_key_file_is_named(tmp_path):
                                 "file of the key the launcher's ssh uses.")
     (tmp_path / "id_ed25519.pub").write_text(KEY + "\n")
     assert read_public_key(tmp_path / "id_ed25519.pub") == KEY
+
+
+def embedded_watchdog(script: str) -> str:
+    """The watchdog program as the script writes it on the instance (its own decoding line)."""
+    start = script.index("  python3 -c ")
+    end = script.index("\nTRANSIENTVOD_WATCHDOG\n", start) + len("\nTRANSIENTVOD_WATCHDOG\n")
+    writer = script[start:end].replace("/run/transientvod-watchdog.py", "/dev/stdout")
+    return subprocess.run(["bash", "-c", writer], capture_output=True, text=True, check=True).stdout
+
+
+def test_the_watchdog_starts_first_and_is_the_packages_own_program():
+    import ast
+
+    from transientvod.spot import watchdog
+
+    script = join_script(spec(watchdog_minutes=2.5))
+    assert "WATCHDOG_MINUTES=2.5\n" in script
+    # First of all: an instance whose install fails or hangs still ends itself.
+    assert script.index("setsid nohup python3 /run/transientvod-watchdog.py") < script.index("useradd")
+    program = embedded_watchdog(script)
+    source = ast.parse(open(watchdog.__file__).read())
+    for node in ast.walk(source):  # the same program, less its docstrings
+        body = getattr(node, "body", None)
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)):
+            node.body = body[1:] or [ast.Pass()]
+    assert ast.dump(ast.parse(program)) == ast.dump(source)
+    assert join_script(spec()) == join_script(spec())  # the same package, the same user data
+
+
+def test_without_a_key_the_user_data_is_the_watchdog_alone():
+    script = watchdog_script(3)
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    assert "WATCHDOG_MINUTES=3\n" in script and "setsid nohup python3 /run/transientvod-watchdog.py" in script
+    assert "authorized_keys" not in script and "pip install" not in script
+    compile(embedded_watchdog(script), "watchdog", "exec")
+
+
+@pytest.mark.parametrize("minutes", [1, 1.5, 0, -1])
+def test_watchdog_minutes_under_two_are_one_sentence(minutes):
+    for make in (lambda: spec(watchdog_minutes=minutes), lambda: watchdog_script(minutes)):
+        with pytest.raises(UserDataError) as error:
+            make()
+        assert str(error.value) == (f"the watchdog minutes are {minutes!r}; give 2 or more (--watchdog-minutes), "
+                                    "since a shorter limit could end an instance whose head is alive.")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from transientvod.testbed import TestbedError, cluster
+from transientvod.testbed.boot import stand_in_dir
 from transientvod.testbed.record import state_dir
 
 _names = itertools.count(1)
@@ -50,6 +51,8 @@ def leftovers(name: str) -> list[str]:
         found += [f"/etc/netns/{entry.name}" for entry in netns.iterdir() if entry.name.startswith(f"{name}-")]
     if state_dir(name).exists():
         found.append(str(state_dir(name)))
+    if stand_in_dir(name).exists():
+        found.append(str(stand_in_dir(name)))
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:

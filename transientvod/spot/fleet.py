@@ -4,11 +4,12 @@ Each reconcile pass lists the instances tagged ``transientvod:job=<job>`` (the t
 discovery provider lists, so every instance the fleet starts joins the job by itself), and
 launches one-time spot instances until `target` of them are pending or running. An instance
 that is stopping, shutting down, stopped or terminated (EC2 revoked it, or someone ended it)
-no longer counts; the next pass launches its replacement. At the end, or on Ctrl-C, the fleet
-terminates every instance of the job, the ones it found as well as the ones it started.
-A fleet whose pass finds an instance of the job marked `transientvod:ended-by` (what
-`transientvod down` and a launcher at its job's end tag before they terminate, job_instances.py)
-launches nothing more, terminates the rest and returns: the job was ended, from any machine.
+no longer counts; the next pass launches its replacement. At the end, on Ctrl-C, SIGTERM or
+SIGHUP, or on an error, the fleet terminates every instance of the job, the ones it found as
+well as the ones it started. A fleet whose pass finds an instance of the job marked
+`transientvod:ended-by` (what `transientvod down` and a launcher at its job's end tag before
+they terminate, job_instances.py) launches nothing more, terminates the rest and returns: the
+job was ended, from any machine.
 
 The budget rules are billing/budget.py's. Before each launch, spent() plus an hour (the
 horizon) of everything running and the new server must stay within the budget; a pass that
@@ -24,6 +25,13 @@ pending or running instance, and for an ended one the time EC2 reports in its st
 transition reason, or else the time this fleet first saw it ended. Prices are what the
 caller says (spot prices move); seconds of an instance that EC2 interrupts are counted even
 though EC2 may waive them, so the estimate errs on the side of spending less.
+
+Each pass also writes the heartbeat: the tag `transientvod:heartbeat=<unix time>` on every live
+instance of the job, in one CreateTags call (each instance's first comes with its launch). An
+instance's watchdog (spot/watchdog.py, started by its user data) reads it from the metadata
+service and shuts the instance down when it stops changing, so a head that dies without a word
+(SIGKILL, a lost machine) still ends its servers: the fleet launches with
+InstanceInitiatedShutdownBehavior=terminate and the instance's tags in its metadata.
 
 A dry run calls only DescribeImages and DescribeInstances: each pass answers the actions it
 would take and logs them.
@@ -51,10 +59,12 @@ from transientvod.aws_clients import aws_client, client_error_codes
 from transientvod.billing.budget import (BudgetError, StopVerdict, budget_horizon_hours, launch_verdict, spent_at_start,
                                          stop_verdict)
 from transientvod.billing.meter import billed_seconds
+from transientvod.ending_signals import ending_signals
 from transientvod.spot.aws import FILTER_VALUES_PER_CALL, GONE_STATES, INSTANCE_STATES, aws_error
 from transientvod.spot.fleet_spec import FleetAction, FleetSpec
 from transientvod.spot.job_instances import ended_by
 from transientvod.spot.provider import ProviderError
+from transientvod.spot.watchdog import HEARTBEAT_TAG
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +170,8 @@ class Fleet:
                 alive.append(instances[-1])
             if not any(a.kind == "hold" for a in actions):
                 self._holding = False
+            launched = {a.instance_id for a in actions}
+            self._write_heartbeat([i["InstanceId"] for i in alive if i["InstanceId"] not in launched])
             return actions
 
     def spent(self) -> float:
@@ -218,50 +230,70 @@ class Fleet:
                     for i in ending]
 
     def run(self, poll_seconds: float = 30.0, stop: threading.Event | None = None, until=None) -> None:
-        """Reconciles every `poll_seconds` until `stop` is set, `until()` answers True or the
-        projected spend to the next pass reaches the budget (then `budget_stop` says so), then
-        terminates every instance of the job; also when interrupted (Ctrl-C) or failing. A
-        budget spent already is BudgetError, and nothing is launched or terminated."""
+        """Reconciles every `poll_seconds` until `stop` is set, `until()` answers True, the job
+        was ended (`ended_by`) or the projected spend to the next pass reaches the budget (then
+        `budget_stop` says so), then terminates every instance of the job; also when interrupted
+        (Ctrl-C, and on the main thread SIGTERM and SIGHUP: ending_signals.EndingSignal) or
+        failing. A budget spent already is BudgetError, and nothing is launched or terminated."""
         if not poll_seconds > 0:
             raise ValueError(f"poll_seconds is {poll_seconds!r}; it must be a positive number of seconds.")
         stop = stop or threading.Event()
         self.check_budget_left()
-        try:
-            reconciled_once = False
-            while not stop.is_set():
-                try:
-                    verdict = self.budget_verdict(poll_seconds)
-                    if verdict.stop:
-                        self.budget_stop = verdict
-                        log.warning("job %s: projected spend $%.2f (spent $%.2f + $%.2f/h running for the next "
-                                    "%g s) reached the budget of $%.2f; terminating every instance.",
-                                    self.spec.job_tag, verdict.projected_usd, verdict.spent_usd,
-                                    verdict.running_usd_per_hour, verdict.lead_seconds, verdict.budget_usd)
-                        break
-                    self.reconcile()
-                except ProviderError as e:
-                    # A first pass that fails is a setup to fix; a later one is the network or
-                    # the cloud, and the next pass tries again.
-                    if not reconciled_once:
-                        raise
-                    log.warning("fleet of job %s could not reconcile (%s); trying again in %g s.",
-                                self.spec.job_tag, e, poll_seconds)
-                reconciled_once = True
-                if self.ended_by is not None:
-                    log.info("job %s was ended by %s (instance %s is marked so); the fleet stops and "
-                                "terminates the rest.", self.spec.job_tag, *self.ended_by)
-                    break
-                if until is not None and until():
-                    break
-                stop.wait(poll_seconds)
-        finally:
+        # SIGTERM and SIGHUP (kill, systemd, a closing SSH session) take Ctrl-C's path: without
+        # this, Python ends the process without running the finally below.
+        with ending_signals(f"the fleet of job {self.spec.job_tag}"):
             try:
-                self.terminate_all()
-            except ProviderError:
-                left = sorted(i for i, r in self._seen.items() if _state(r) not in GONE_STATES)
-                log.error("could not terminate the instances of job %s; end them by hand: "
-                          "aws ec2 terminate-instances --instance-ids %s", self.spec.job_tag, " ".join(left))
-                raise
+                reconciled_once = False
+                while not stop.is_set():
+                    try:
+                        verdict = self.budget_verdict(poll_seconds)
+                        if verdict.stop:
+                            self.budget_stop = verdict
+                            log.warning("job %s: projected spend $%.2f (spent $%.2f + $%.2f/h running for the next "
+                                        "%g s) reached the budget of $%.2f; terminating every instance.",
+                                        self.spec.job_tag, verdict.projected_usd, verdict.spent_usd,
+                                        verdict.running_usd_per_hour, verdict.lead_seconds, verdict.budget_usd)
+                            break
+                        self.reconcile()
+                    except ProviderError as e:
+                        # A first pass that fails is a setup to fix; a later one is the network or
+                        # the cloud, and the next pass tries again.
+                        if not reconciled_once:
+                            raise
+                        log.warning("fleet of job %s could not reconcile (%s); trying again in %g s.",
+                                    self.spec.job_tag, e, poll_seconds)
+                    reconciled_once = True
+                    if self.ended_by is not None:
+                        log.info("job %s was ended by %s (instance %s is marked so); the fleet stops and "
+                                 "terminates the rest.", self.spec.job_tag, *self.ended_by)
+                        break
+                    if until is not None and until():
+                        break
+                    stop.wait(poll_seconds)
+            finally:
+                try:
+                    self.terminate_all()
+                except ProviderError:
+                    left = sorted(i for i, r in self._seen.items() if _state(r) not in GONE_STATES)
+                    log.error("could not terminate the instances of job %s; end them by hand: "
+                              "aws ec2 terminate-instances --instance-ids %s", self.spec.job_tag, " ".join(left))
+                    raise
+
+    # --- the heartbeat --------------------------------------------------------------------------
+
+    def _write_heartbeat(self, instance_ids: list[str]) -> None:
+        """The heartbeat tag, now, on these instances (the ones launched this pass got theirs at
+        launch). A failure is a warning: the watchdogs wait minutes, and the next pass writes again."""
+        if self.dry_run or not instance_ids:
+            return
+        tags = [{"Key": HEARTBEAT_TAG, "Value": str(int(self._clock()))}]
+        for start in range(0, len(instance_ids), FILTER_VALUES_PER_CALL):
+            try:
+                with self._aws_errors("ec2:CreateTags"):
+                    self._ec2.create_tags(Resources=instance_ids[start:start + FILTER_VALUES_PER_CALL], Tags=tags)
+            except ProviderError as e:
+                log.warning("could not write the heartbeat of job %s (%s); the next pass tries again.",
+                            self.spec.job_tag, e)
 
     # --- what the job has -----------------------------------------------------------------------
 
@@ -407,11 +439,16 @@ class Fleet:
 
     def _run_instance(self, instance_type: str) -> dict:
         tags = [{"Key": self.spec.tag_key, "Value": self.spec.job_tag},
-                {"Key": "Name", "Value": f"transientvod-{self.spec.job_tag}"}]
+                {"Key": "Name", "Value": f"transientvod-{self.spec.job_tag}"},
+                {"Key": HEARTBEAT_TAG, "Value": str(int(self._clock()))}]
         params = {
             "MinCount": 1, "MaxCount": 1, "InstanceType": instance_type, "ImageId": self.spec.image_id,
             "InstanceMarketOptions": {"MarketType": "spot", "SpotOptions": {
                 "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}},
+            # The watchdog's shutdown ends the bill: terminated, not stopped (a stopped
+            # instance's disks bill on). It reads the heartbeat tag from the metadata service.
+            "InstanceInitiatedShutdownBehavior": "terminate",
+            "MetadataOptions": {"InstanceMetadataTags": "enabled"},
             "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}],
             "ClientToken": uuid.uuid4().hex,
         }

@@ -7,6 +7,10 @@ What a worker host needs for horovodrun to start a worker on it over SSH:
 - at the launcher's own venv path, a Python with torch, our patched Horovod and transientvod:
   horovodrun runs `<the launcher's sys.executable> -m transientvod.train` on every host.
 
+Before anything else the script starts the watchdog (spot/watchdog.py, embedded here): an
+instance that stops hearing its head's heartbeat for `watchdog_minutes` shuts itself down, also
+one whose install below fails or hangs.
+
 The script installs first and authorizes the key last, so a host that accepts the launcher's
 key is a host ready to run a worker (an image whose sshd already runs would otherwise let
 horovodrun in minutes before Horovod is installed, and the worker would fail there). It is
@@ -27,14 +31,21 @@ No AWS calls here and no torch: this module only writes text.
 """
 from __future__ import annotations
 
+import ast
+import base64
+import gzip
 import re
 import shlex
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+from transientvod.spot import watchdog
+
 MAX_USER_DATA_BYTES = 16 * 1024  # EC2's limit on user data, before base64 encoding
 JOIN_LOG = "/var/log/transientvod-join.log"
+WATCHDOG_LOG = "/var/log/transientvod-watchdog.log"
 KEY_PATTERN = re.compile(r"^(ssh-(ed25519|rsa|dss)|ecdsa-sha2-nistp\d+|sk-\S+@openssh\.com) [A-Za-z0-9+/=]+( .*)?$")
 USER_PATTERN = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 WHEEL_URL = re.compile(r"^s3://[^/]+/.+\.whl$")
@@ -58,8 +69,10 @@ class JoinSpec:
     torch: str = "torch"  # pip requirement of torch: the version the wheel was built against
     region: str = ""  # for the S3 download (the instance's own region)
     python_version: str = f"{sys.version_info[0]}.{sys.version_info[1]}"  # the launcher's: the wheel's ABI
+    watchdog_minutes: float = watchdog.DEFAULT_MINUTES  # without the head's heartbeat this long, shut down
 
     def __post_init__(self):
+        object.__setattr__(self, "watchdog_minutes", _checked_minutes(self.watchdog_minutes))
         key = self.public_key.strip()
         if "PRIVATE KEY" in key:
             raise UserDataError("the SSH key given is a private key; give its public half (the .pub file), "
@@ -113,8 +126,45 @@ def join_script(spec: JoinSpec) -> str:
     values = "\n".join(f"{name}={shlex.quote(value)}" for name, value in (
         ("SSH_USER", spec.ssh_user), ("VENV", spec.venv), ("PUBLIC_KEY", spec.public_key),
         ("PROJECT", spec.project), ("HOROVOD_WHEEL", spec.horovod_wheel), ("TORCH_SPEC", spec.torch),
-        ("REGION", spec.region), ("PYTHON_VERSION", spec.python_version), ("LOG", JOIN_LOG)))
-    return check_size(SCRIPT.replace("@VALUES@", values))
+        ("REGION", spec.region), ("PYTHON_VERSION", spec.python_version), ("LOG", JOIN_LOG),
+        ("WATCHDOG_MINUTES", f"{spec.watchdog_minutes:g}"), ("WATCHDOG_LOG", WATCHDOG_LOG)))
+    return check_size(_with_watchdog(SCRIPT.replace("@VALUES@", values)))
+
+
+def watchdog_script(minutes: float = watchdog.DEFAULT_MINUTES) -> str:
+    """The user data of a fleet without the launcher's key (the image brings sshd, the key and
+    the project): the watchdog alone."""
+    minutes = _checked_minutes(minutes)
+    values = "\n".join(f"{name}={shlex.quote(value)}" for name, value in (
+        ("LOG", JOIN_LOG), ("WATCHDOG_MINUTES", f"{minutes:g}"), ("WATCHDOG_LOG", WATCHDOG_LOG)))
+    return check_size(_with_watchdog(WATCHDOG_ONLY_SCRIPT.replace("@VALUES@", values)))
+
+
+def _checked_minutes(minutes: float) -> float:
+    try:
+        return watchdog.check_minutes(minutes)
+    except ValueError as e:
+        raise UserDataError(str(e)) from None
+
+
+def _with_watchdog(script: str) -> str:
+    return script.replace("@WATCHDOG_STEP@", WATCHDOG_STEP).replace("@WATCHDOG@", watchdog_program())
+
+
+def watchdog_program() -> str:
+    """spot/watchdog.py as the instance gets it: without docstrings and comments (ast.unparse),
+    gzipped and in base64, since user data is scarce (16 KB); the readable source is the
+    package's. Deterministic: the same package gives the same user data."""
+    tree = ast.parse(Path(watchdog.__file__).read_text())
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    packed = base64.b64encode(gzip.compress(ast.unparse(tree).encode(), 9, mtime=0)).decode()
+    return "\n".join(textwrap.wrap(packed, 76))
+
+
 
 
 SCRIPT = r"""#!/bin/bash
@@ -153,6 +203,7 @@ PYTHON
 }
 say "joining as $SSH_USER on $(hostname), Python at $VENV"
 
+@WATCHDOG_STEP@
 # 1. The user horovodrun logs in as.
 id "$SSH_USER" >/dev/null 2>&1 || useradd -m -s /bin/bash "$SSH_USER"
 HOME_DIR=$(getent passwd "$SSH_USER" | cut -d: -f6)
@@ -212,4 +263,40 @@ else
   "$(command -v sshd || echo /usr/sbin/sshd)"
 fi
 say "ready: sshd runs and takes the launcher's key for $SSH_USER"
+"""
+
+# Step 0 of both scripts; `packages` and `say` are defined before it.
+WATCHDOG_STEP = r"""# 0. The watchdog first (spot/watchdog.py): it ends this instance once the head's heartbeat stops.
+command -v python3 >/dev/null || packages python3
+WATCHDOG_PID=/run/transientvod-watchdog.pid
+if [ -f "$WATCHDOG_PID" ] && kill -0 "$(cat "$WATCHDOG_PID")" 2>/dev/null; then
+  say "the watchdog runs already"
+else
+  python3 -c 'import base64,gzip,sys;sys.stdout.buffer.write(gzip.decompress(base64.b64decode(sys.stdin.read())))' \
+    > /run/transientvod-watchdog.py <<'TRANSIENTVOD_WATCHDOG'
+@WATCHDOG@
+TRANSIENTVOD_WATCHDOG
+  # Its own session and log: it outlives this script and cloud-init.
+  setsid nohup python3 /run/transientvod-watchdog.py --minutes "$WATCHDOG_MINUTES" \
+    </dev/null >>"$WATCHDOG_LOG" 2>&1 &
+  echo $! > "$WATCHDOG_PID"
+  say "watchdog started: $WATCHDOG_MINUTES min without the head's heartbeat shut this instance down"
+fi
+"""
+
+WATCHDOG_ONLY_SCRIPT = r"""#!/bin/bash
+# transientvod: the instance's watchdog alone (EC2 user data written by `transientvod fleet`
+# without --ssh-public-key: the image brings sshd, the launcher's key and the project).
+set -euo pipefail
+@VALUES@
+mkdir -p "$(dirname "$LOG")"
+exec > >(tee -a "$LOG") 2>&1
+say() { echo "transientvod-join: $(date -u +%H:%M:%S) $*"; }
+packages() {
+  if command -v apt-get >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@"
+  elif command -v dnf >/dev/null; then dnf install -y -q "$@"
+  else yum install -y -q "$@"; fi
+}
+@WATCHDOG_STEP@
 """

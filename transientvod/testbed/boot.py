@@ -17,10 +17,19 @@ repository, /etc/ssh's host keys and sshd_config) is the machine's, as a baked i
 except the testbed's private disks (`up --private-disk DIR`): each is an empty tmpfs here too, as
 it is under the testbed's own sshd, since a new VM's disk is empty. The script makes its own mount
 namespace rather than entering the stopped sshd's (nsenter): that one dies with the old sshd.
+
+A VM's user data may shut the VM down (the watchdog does, when the fleet's heartbeat stops);
+a testbed host shares this machine's kernel, and its `shutdown` would be this machine's. So the
+script runs with stand-ins first on its PATH: `shutdown` and `poweroff` that only record their
+call (`shutdown_calls`) and end nothing. They live in /tmp/transientvod-testbed-<name>/, not
+in the testbed's directory under /run, which the host's private /run covers; `down` removes it.
 """
 from __future__ import annotations
 
+import shlex
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 from transientvod.testbed import TestbedError, sshd
@@ -40,6 +49,11 @@ for entry in /run/.machine-root/* /run/.machine-root/.[!.]*; do
   mount --bind "$entry" "/root/$name"
 done
 """
+STAND_IN = """#!/bin/sh
+# The testbed's stand-in for {name} (testbed/boot.py): records the call, ends nothing.
+mkdir -p {calls}
+echo "{name} $*" >> {calls}/"$(hostname)"
+"""
 BOOT_TIMEOUT_SECONDS = 600  # an install from the network takes minutes; a baked venv, a second
 
 
@@ -51,11 +65,13 @@ def boot(name: str, host_name: str, script: Path, timeout: float = BOOT_TIMEOUT_
     if not script.is_file():
         raise TestbedError(f"the user data {script} does not exist; write it with 'transientvod fleet "
                            "--print-user-data ... > FILE'.")
+    stand_ins = shutdown_stand_ins(name)
     sshd.stop(record.directory, host)
     # The private disks after PRIVATE_MOUNTS: one under /root or /run then covers the tmpfs there.
     argv = ["ip", "netns", "exec", host.name, "unshare", "--uts", "--mount", "--propagation", "private", "--",
             "sh", "-ec", f'hostname "$0"\n{PRIVATE_MOUNTS}\nscript=$1 && shift\n{sshd.PRIVATE_DISK_MOUNTS}\n'
-            'exec bash "$script"', host.name, str(script), *record.private_disk]
+            f'PATH={shlex.quote(str(stand_ins))}:"$PATH"; export PATH\nexec bash "$script"', host.name, str(script),
+            *record.private_disk]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -68,3 +84,29 @@ def boot(name: str, host_name: str, script: Path, timeout: float = BOOT_TIMEOUT_
     if known_hosts.exists():
         subprocess.run(["ssh-keygen", "-R", host.name, "-f", str(known_hosts)], capture_output=True, timeout=30)
     return output
+
+
+def stand_in_dir(name: str) -> Path:
+    """Where testbed `name` keeps its shutdown stand-ins and their records (seen by its hosts)."""
+    return Path(tempfile.gettempdir()) / f"transientvod-testbed-{name}"
+
+
+def shutdown_stand_ins(name: str) -> Path:
+    """The testbed's directory of `shutdown` and `poweroff` stand-ins (made once)."""
+    bin_dir = stand_in_dir(name) / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for program_name in ("shutdown", "poweroff"):
+        program = bin_dir / program_name
+        program.write_text(STAND_IN.format(name=program_name, calls=shlex.quote(str(stand_in_dir(name) / "calls"))))
+        program.chmod(0o755)
+    return bin_dir
+
+
+def shutdown_calls(name: str, host_name: str) -> list[str]:
+    """What the host's booted programs asked of `shutdown` or `poweroff`, one call a line."""
+    path = stand_in_dir(name) / "calls" / host_name
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def remove_stand_ins(name: str) -> None:
+    shutil.rmtree(stand_in_dir(name), ignore_errors=True)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from transientvod.testbed import TestbedError, network, sshd
+from transientvod.testbed.boot import remove_stand_ins
 from transientvod.testbed.layout import Layout, hosts_file, plan
 from transientvod.testbed.private_disk import prepare as prepare_private_disk
 from transientvod.testbed.record import RUN_ROOT, Record, load_record, new_record, require_record
@@ -106,6 +107,7 @@ def down(name: str = DEFAULT_NAME) -> None:
         network.delete_namespace(namespace)
     for directory in record.netns_dirs:
         shutil.rmtree(directory, ignore_errors=True)
+    remove_stand_ins(name)  # boot's shutdown stand-ins, after every process that could call them
     with _testbeds_locked():
         shutil.rmtree(record.directory, ignore_errors=True)
         _release_privsep_dir()
