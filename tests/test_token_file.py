@@ -40,3 +40,15 @@ def test_a_worker_without_the_file_is_one_sentence(relative):
     with pytest.raises(TokenError, match=f"{TOKEN_FILE_ENV} is not set"):
         read_token({})
 
+
+
+def test_a_home_the_launcher_cannot_write_is_one_sentence(tmp_path, monkeypatch):
+    locked = tmp_path / "home"
+    locked.mkdir(mode=0o500)
+    monkeypatch.setattr(channel_token, "home", lambda: locked)
+    if os.access(locked, os.W_OK):  # root writes anywhere: a regular file in the path's way instead
+        (locked / ".transientvod").write_text("not a directory")
+    with pytest.raises(TokenError) as refused:
+        write_token_file(channel_token.token_file("x"), "the-token")
+    assert str(refused.value).startswith(f"the launcher cannot write the channel's token to {locked}/")
+    assert str(refused.value).endswith("; its home directory must be writable.")

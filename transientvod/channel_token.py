@@ -54,13 +54,17 @@ def write_token_file(relative: str, token: str) -> Path:
     """The token in `relative` under this host's home, created with mode 0600 (never wider,
     not even for a moment) and renamed into place; returns its path."""
     path = home() / relative
-    path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
-    temporary.unlink(missing_ok=True)
-    handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(handle, "w") as f:
-        f.write(token)
-    os.replace(temporary, path)
+    try:
+        path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+        temporary.unlink(missing_ok=True)
+        handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(handle, "w") as f:
+            f.write(token)
+        os.replace(temporary, path)
+    except OSError as e:
+        raise TokenError(f"the launcher cannot write the channel's token to {path} ({e.strerror}); its home "
+                         "directory must be writable.") from None
     return path
 
 

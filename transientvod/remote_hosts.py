@@ -164,8 +164,10 @@ class HeadServices:
                 f"--discovery {shlex.quote(command)}")
 
     def _remove_token_files(self) -> None:
-        """The token, here and on every host that got it (a closed channel's token opens nothing,
-        but nothing of the job is left behind; a host that cannot be reached keeps its copy)."""
+        """The token, here and on every host that holds it at the end (a closed channel's token
+        opens nothing, but nothing of the job should be left behind). A host that left discovery
+        before the end, or that cannot be reached, keeps its copy: waiting on a vanished host's
+        ssh would hold the launcher's exit for its connect timeout."""
         listed = channel_token.home() / channel_token.installed_list(self.token_file)
         try:
             hosts = json.loads(listed.read_text())

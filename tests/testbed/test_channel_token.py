@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -80,9 +81,12 @@ def test_the_channel_token_reaches_private_hosts_and_no_command_line(testbed_fac
         assert token_path.stat().st_mode & 0o777 == 0o600
         token = token_path.read_text()
         assert len(token) >= 32
-        planted_seen, workers_seen, leaks = False, set(), []
+        planted_seen, workers_seen, leaks, store_ports = False, set(), [], set()
         while job.proc.poll() is None:
             for pid, line in command_lines().items():
+                served = re.search(r"mlflow server --backend-store-uri \S+ --host \S+ --port (\d+)", line)
+                if served and str(job.run_dir.parent) in line:
+                    store_ports.add(int(served.group(1)))
                 if token in line:
                     leaks.append(line[:300])
                 if planted in line and "time.sleep(900)" in line and not line.startswith("ssh "):
@@ -104,6 +108,11 @@ def test_the_channel_token_reaches_private_hosts_and_no_command_line(testbed_fac
     assert planted_seen, "the scan never found the planted value: it proves nothing"
     assert workers_seen == {h1.name, h2.name}, f"the scan saw the workers of {workers_seen} only"
     assert leaks == []
+    # The head's services took ports of cluster.head_ports (default 30000-30099): the channel's is
+    # in the workers' --config URL that the launcher prints, the MLflow server's on its own argv.
+    channel_port = int(re.search(r"--config http://[\d.]+:(\d+)/config\.yaml", job.log()).group(1))
+    assert len(store_ports) == 1 and {channel_port, *store_ports} <= set(range(30000, 30100)), (channel_port, store_ports)
+    assert channel_port not in store_ports
     assert job.summary()["steps"] == 400  # the records reached the head through the channel
     # Nothing of the token is left on the head, nor in the run's files or the job's log.
     assert not token_path.exists() and not token_path.with_suffix(".hosts").exists()
