@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"token_hosts: {host} is left out until it takes the channel's token over ssh ({why}).",
                       file=sys.stderr)
     write_installed(args.token_file, installed)
-    sys.stdout.write("".join(f"{line}\n" for line, host in zip(lines, listed) if host not in remote or host in installed))
+    ready = [line for line, host in zip(lines, listed) if host not in remote or host in installed]
+    sys.stdout.write("".join(f"{line}\n" for line in ready))
     return 0
 
 
