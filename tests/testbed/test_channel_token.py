@@ -58,6 +58,15 @@ def new_token_file(directory: Path, before: set[Path], proc: subprocess.Popen, t
 def test_the_channel_token_reaches_private_hosts_and_no_command_line(testbed_factory, tmp_path):
     runs = tmp_path / "runs"
     tokens = channel_token.home() / channel_token.TOKEN_DIR
+    made = [d for d in (tokens.parent, tokens) if not d.exists()]  # by this test: removed at its end
+    try:
+        run_the_job(testbed_factory, tmp_path, runs, tokens)
+    finally:
+        for directory in reversed(made):
+            directory.rmdir()  # empty again: the launcher removed its token file
+
+
+def run_the_job(testbed_factory, tmp_path: Path, runs: Path, tokens: Path) -> None:
     record = testbed_factory(2, private_disk=(runs, tokens))
     h1, h2 = record.layout.hosts
     config = json.loads(json.dumps(TINY_JOB))
