@@ -18,7 +18,7 @@
                        [--ssh-public-key ~/.ssh/id_ed25519.pub --horovod-wheel s3://... --print-user-data]
                                           keep N spot instances alive within a budget, then terminate them;
                                           their user data installs the project and takes the launcher's key
-    transientvod aws setup --job-tag JOB --region R [--config FILE] [--fragment FILE] [--ssh-from CIDR]
+    transientvod aws setup --job-tag JOB --region R [--config FILE] [--fragment FILE] [--ssh-from CIDR] [--vpc-id VPC]
                                           the SQS queue, EventBridge rules and worker role queue mode needs,
                                           and the hosts' security group (docs/network.md)
     transientvod aws teardown --job-tag JOB --region R
