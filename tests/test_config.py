@@ -117,3 +117,23 @@ def test_a_budget_of_zero_or_less_is_one_sentence():
                                      "(or null for no limit).")
     assert load_config(None, ["cost.budget_usd=12.5"]).cost.budget_usd == 12.5
     assert load_config(None, []).cost.budget_usd is None
+
+
+def test_head_ports_default_to_a_range_below_the_ephemeral_ports():
+    assert load_config(None).cluster.head_ports == [30000, 30099]
+    assert load_config(None, ["cluster.head_ports=[40000, 40001]"]).cluster.head_ports == [40000, 40001]
+
+
+def test_a_head_port_range_too_small_for_what_the_head_binds_is_one_sentence():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["cluster.head_ports=[30000, 30000]"])
+    assert str(e.value) == ("defaults with overrides: cluster.head_ports is [30000, 30000], "
+                            "1 port, and the head of a job with remote hosts binds 2 (the job channel and the "
+                            "MLflow server of a local SQLite store); give a range of at least 2.")
+
+
+@pytest.mark.parametrize("value", ["[30010, 30000]", "[30000]", "[0, 70000]", "30000", "[true, 30001]"])
+def test_a_head_port_range_that_is_not_one_is_one_sentence(value):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"cluster.head_ports={value}"])
+    assert "cluster.head_ports" in str(e.value) and "\n" not in str(e.value)

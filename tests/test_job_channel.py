@@ -124,3 +124,48 @@ def test_a_worker_on_a_host_that_does_not_share_the_local_checkpoint_dir_says_so
     marker.write_text("")
     check_marker_seen(config, "tvd-h3")  # a shared mount: the marker is there
     check_marker_seen(load_config(None, ["checkpoint.dir=s3://bucket/job"]), "tvd-h3")  # S3: nothing to share
+
+
+# --- ports: cluster.head_ports ----------------------------------------------------------------
+
+def free_range(size: int) -> tuple[int, int]:
+    """`size` consecutive ports free on 127.0.0.1 now (bound together, then released)."""
+    for first in range(31000, 32000, size):
+        sockets = []
+        try:
+            for port in range(first, first + size):
+                held = socket.socket()
+                sockets.append(held)
+                held.bind(("127.0.0.1", port))
+            return first, first + size - 1
+        except OSError:
+            continue
+        finally:
+            for held in sockets:
+                held.close()
+    pytest.skip("no free run of ports between 31000 and 32000")
+
+
+def test_the_channel_binds_the_first_free_port_of_the_range(tmp_path):
+    first, last = free_range(3)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", first))
+        taken.listen()
+        with JobChannel(tmp_path / "run", CONFIG, "127.0.0.1", (first, last)) as channel:
+            assert channel.url == f"http://127.0.0.1:{first + 1}"
+            assert fetch_config(channel.config_url, channel.token) == CONFIG
+            # The port is really the channel's: a second channel gets the next one.
+            with JobChannel(tmp_path / "run2", CONFIG, "127.0.0.1", (first, last)) as second:
+                assert second.url == f"http://127.0.0.1:{last}"
+
+
+def test_a_range_whose_every_port_is_taken_is_one_sentence(tmp_path):
+    first, last = free_range(2)
+    with socket.socket() as one, socket.socket() as two:
+        for held, port in ((one, first), (two, last)):
+            held.bind(("127.0.0.1", port))
+            held.listen()
+        with pytest.raises(ChannelError) as refused:
+            JobChannel(tmp_path / "run", CONFIG, "127.0.0.1", (first, last))
+    assert str(refused.value) == (f"every port of cluster.head_ports [{first}, {last}] is taken on 127.0.0.1 (by "
+                                  "other jobs or programs), so the job channel has none; widen the range.")

@@ -38,7 +38,8 @@ pytestmark = pytest.mark.slow
 CACHE = Path(os.environ.get("TRANSIENTVOD_CACHE", Path.home() / ".cache" / "transientvod")) / "wheel-test"
 # The files the runtime reads, which only package data brings along.
 SHIPPED = ["transientvod/configs/demo.yaml", "transientvod/launch/spot_hosts.py", "transientvod/launch/local_hosts.py",
-           "transientvod/launch/testbed_hosts.py", "transientvod/launch/install_horovod.sh",
+           "transientvod/launch/testbed_hosts.py", "transientvod/launch/token_hosts.py",
+           "transientvod/launch/install_horovod.sh",
            "transientvod/launch/horovod-0.28.1-transient.patch", "transientvod/csrc/cuda/compress.cuh",
            "transientvod/csrc/setup_extension.py", "transientvod/spot/traces/gce-2019/k80_spot_2workers_vm_trace.csv"]
 DEMO_STEPS = 200

@@ -25,8 +25,9 @@
                                           from its newest checkpoint, its last interruption notice (from EC2)
     transientvod down --job-tag JOB [--json]
                                           terminates every instance of the job; a fleet of the job stops
-    transientvod aws setup --job-tag JOB --region R [--config FILE] [--fragment FILE]
-                                          the SQS queue, EventBridge rules and worker role queue mode needs
+    transientvod aws setup --job-tag JOB --region R [--config FILE] [--fragment FILE] [--ssh-from CIDR] [--vpc-id VPC]
+                                          the SQS queue, EventBridge rules and worker role queue mode needs,
+                                          and the hosts' security group (docs/network.md)
     transientvod aws teardown --job-tag JOB --region R
                                           removes what setup made
     transientvod testbed up --hosts N [--bandwidth 100mbit] [--private-disk DIR] | down | status
@@ -259,6 +260,22 @@ def fleet_instance_profile(args) -> str:
     return ""
 
 
+def fleet_security_groups(args) -> list[str]:
+    """--security-group-id as given; by default the group `aws setup` made for the job tag, when
+    it exists: its members reach each other on every TCP port, as Gloo and Horovod need."""
+    from transientvod.spot.aws_setup import setup_security_group
+
+    if args.security_group_id:
+        return list(args.security_group_id)
+    found = setup_security_group(args.job_tag, args.region, args.endpoint_url)
+    if found:
+        return [found]
+    print(f"transientvod fleet: no security group transientvod-{args.job_tag}-hosts (transientvod aws setup makes it); "
+          "the instances get the VPC's default group, which must let them reach each other on every TCP port.",
+          flush=True)
+    return []
+
+
 def cmd_fleet(args) -> int:
     import boto3
 
@@ -289,6 +306,7 @@ def cmd_fleet(args) -> int:
               "spending but you.", flush=True)
     # After every check of what was typed: this is the first AWS call.
     instance_profile = spec.instance_profile = fleet_instance_profile(args)
+    groups = spec.security_group_ids = fleet_security_groups(args)
     if not args.ssh_public_key:
         print("transientvod fleet: no --ssh-public-key, so the user data only starts the watchdog: the image itself "
               "must run sshd with the launcher's key and have torch, Horovod and transientvod.", flush=True)
@@ -296,7 +314,8 @@ def cmd_fleet(args) -> int:
     joins = (f"{len(user_data.encode())} bytes of user data (the join script; --print-user-data shows it)"
              if args.ssh_public_key else f"{len(user_data.encode())} bytes of user data (the watchdog)")
     print(f"transientvod fleet: each instance gets {joins} and "
-          + (f"instance profile {instance_profile}." if instance_profile else "no instance profile."), flush=True)
+          + (f"instance profile {instance_profile}" if instance_profile else "no instance profile")
+          + (f" and security group {', '.join(groups)}." if groups else "."), flush=True)
     if args.dry_run:
         try:
             fleet.check_budget_left()
@@ -438,7 +457,8 @@ def cmd_aws(args) -> int:
         checkpoint_dir = load_config(args.config, args.set).checkpoint.dir
         s3_prefix = checkpoint_dir if checkpoint_dir.startswith("s3://") else ""
     try:
-        setup = AwsSetup(args.job_tag, args.region, endpoint_url=args.endpoint_url, s3_prefix=s3_prefix)
+        setup = AwsSetup(args.job_tag, args.region, endpoint_url=args.endpoint_url, s3_prefix=s3_prefix,
+                         ssh_from=getattr(args, "ssh_from", "") or "", vpc_id=getattr(args, "vpc_id", "") or "")
     except ValueError as e:
         raise ConfigError(str(e)) from None
     names = setup.names
@@ -453,7 +473,11 @@ def cmd_aws(args) -> int:
     fragment.write_text(config_fragment(names.job_tag, args.region, queue_url, args.endpoint_url))
     print(f"transientvod aws setup: queue {queue_url} written to {fragment}; launch the workers with "
           f"instance profile {names.instance_profile} (aws ec2 run-instances --iam-instance-profile "
-          f"Name={names.instance_profile}).", flush=True)
+          f"Name={names.instance_profile}) and security group {names.security_group} (fleet uses both).", flush=True)
+    if not setup.ssh_from:
+        print(f"transientvod aws setup: no --ssh-from, so SSH reaches the hosts only from members of "
+              f"{names.security_group}: run the launcher on an instance in it, or run setup again with --ssh-from "
+              "YOUR_ADDRESS/32.", flush=True)
     return 0
 
 
@@ -649,7 +673,8 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_argument("--endpoint-url")
     fleet.add_argument("--subnet-id")
     fleet.add_argument("--key-name")
-    fleet.add_argument("--security-group-id", action="append", default=[])
+    fleet.add_argument("--security-group-id", action="append", default=[],
+                       help="(repeatable) default: transientvod-JOB-hosts when 'transientvod aws setup' made it")
     fleet.add_argument("--poll-seconds", type=float, default=30.0)
     join = fleet.add_argument_group("joining the job (the instances' user data)")
     join.add_argument("--ssh-public-key", metavar="PATH",
@@ -714,6 +739,11 @@ def build_parser() -> argparse.ArgumentParser:
             verb.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                               help="override a config value (repeatable)")
             verb.add_argument("--fragment", help="where the spot: config goes (default: transientvod-aws-JOB.yaml)")
+            verb.add_argument("--ssh-from", metavar="CIDR", default="",
+                              help="the launcher's public address or network, which may reach the hosts' SSH "
+                                   "(default: none; members of the job's security group only)")
+            verb.add_argument("--vpc-id", default="", help="the VPC of the hosts' security group (default: the "
+                                                           "region's default VPC)")
     aws.set_defaults(func=cmd_aws)
     testbed = sub.add_parser("testbed", help="a real cluster on this machine: namespaced hosts with sshd (root)")
     actions = testbed.add_subparsers(dest="action", required=True)

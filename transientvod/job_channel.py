@@ -12,7 +12,9 @@ the head's cluster address (the one the hosts reach it by):
 
 Every request carries the job's token (TOKEN_HEADER): anything else on the cluster network
 that finds the port can neither read the config nor write into the run. The token reaches the
-workers through horovodrun's environment (TOKEN_ENV), the one way it has to hand them anything.
+workers as a file of mode 0600 on each host (channel_token.py), never through horovodrun's
+environment, which every worker's command line shows. The server binds a port of
+cluster.head_ports (ports.py), so a firewall can be written for it.
 
 Why a channel of our own rather than MLflow or the checkpoint store: the records must reach
 the head with tracking off, and with a local checkpoint directory on a shared mount; the
@@ -21,6 +23,7 @@ training loop never waits for the head.
 """
 from __future__ import annotations
 
+import errno
 import http.server
 import json
 import logging
@@ -42,7 +45,6 @@ RECORD_NAMES = frozenset({"metrics.jsonl", "events.jsonl", "mlflow-unsent.jsonl"
 SUMMARY_NAME = "summary.json"
 CONFIG_PATH = "/config.yaml"
 TOKEN_HEADER = "X-Transientvod-Token"
-TOKEN_ENV = "TRANSIENTVOD_CHANNEL_TOKEN"
 REQUEST_TIMEOUT_SECONDS = 10
 RETRY_SECONDS = 1.0
 # How long a finishing worker waits for its last lines to reach the head.
@@ -62,22 +64,32 @@ def is_channel_url(text: str) -> bool:
 class JobChannel:
     """The channel's server, on a thread of the launcher; a context manager."""
 
-    def __init__(self, run_dir: Path, worker_config_yaml: str, address: str):
+    def __init__(self, run_dir: Path, worker_config_yaml: str, address: str, ports: tuple[int, int] | None = None):
+        """`ports`: (first, last), cluster.head_ports: the first free one is bound; None: any free port."""
         self.run_dir = Path(run_dir)
         self.token = secrets.token_urlsafe(24)
         self._config = worker_config_yaml.encode()
         self._lock = threading.Lock()  # one writer per file at a time: lines never interleave
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            self._server = http.server.ThreadingHTTPServer((address, 0), self._handler_class())
-        except OSError as e:
-            raise ChannelError(f"the launcher cannot serve its workers on {address} ({e.strerror}); set "
-                               "cluster.network_interface to the interface the hosts reach this machine by.") from None
+        self._server = self._bind(address, ports)
         self._server.daemon_threads = True
         host, port = self._server.server_address[:2]
         self.url = f"http://{host}:{port}"
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.1,), name="job-channel", daemon=True)
         self._thread.start()
+
+    def _bind(self, address: str, ports: tuple[int, int] | None) -> http.server.ThreadingHTTPServer:
+        first, last = ports or (0, 0)
+        for port in range(first, last + 1):
+            try:
+                return http.server.ThreadingHTTPServer((address, port), self._handler_class())
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE:
+                    raise ChannelError(f"the launcher cannot serve its workers on {address} ({e.strerror}); set "
+                                       "cluster.network_interface to the interface the hosts reach this machine "
+                                       "by.") from None
+        raise ChannelError(f"every port of cluster.head_ports [{first}, {last}] is taken on {address} (by other "
+                           "jobs or programs), so the job channel has none; widen the range.")
 
     @property
     def config_url(self) -> str:
@@ -169,15 +181,14 @@ def _request(url: str, token: str, method: str = "GET", body: bytes | None = Non
         return answer.read()
 
 
-def fetch_config(url: str, token: str | None = None, attempts: int = 3) -> str:
+def fetch_config(url: str, token: str, attempts: int = 3) -> str:
     """The resolved config the launcher serves; ChannelError in one sentence if it cannot be had."""
-    token = os.environ.get(TOKEN_ENV, "") if token is None else token
     for attempt in range(attempts):
         try:
             return _request(url, token).decode()
         except urllib.error.HTTPError as e:
             if e.code == 403:
-                raise ChannelError(f"the launcher's channel at {url} refused this worker's token ({TOKEN_ENV}); "
+                raise ChannelError(f"the launcher's channel at {url} refused this worker's token; "
                                    "start workers through 'transientvod train'.") from None
             why = f"HTTP {e.code}"
         except (urllib.error.URLError, OSError) as e:

@@ -322,7 +322,9 @@ def _run_job(config: Config, discovery: str | None, script: list[str] | None) ->
         summary_path.unlink(missing_ok=True)
         with head_services(config, prepared) as services, job_instances_ended_at_exit(config):
             worker_config = services.worker_config if services else str(prepared.config_path)
-            argv = horovodrun_command(config, worker_config, prepared.discovery, script)
+            # Remote hosts get the channel's token file before discovery lists them (remote_hosts.py).
+            discovery = services.discovery(prepared.discovery) if services else prepared.discovery
+            argv = horovodrun_command(config, worker_config, discovery, script)
             print(f"transientvod: starting {' '.join(shlex.quote(a) for a in argv)}", flush=True)
             started = time.monotonic()
             job_errors = config.run_dir / JOB_ERRORS

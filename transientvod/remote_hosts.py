@@ -9,24 +9,31 @@ Separate VMs share no disk unless the user mounts one. So, for a job with remote
 - `HeadServices`: the launcher's channel (job_channel.py) serves the resolved config and takes
   the records; a local `sqlite:` tracking store is served through `mlflow server` on the head
   (tracking/head_server.py), and workers get its URL instead of a path they cannot open.
-Both bind the head's cluster address: the one the hosts reach it by.
+  The channel's token goes to every host as a file of mode 0600 (channel_token.py), through
+  the wrapped discovery command, never through horovodrun's environment.
+Both bind the head's cluster address (the one the hosts reach it by), on ports from
+cluster.head_ports.
 """
 from __future__ import annotations
 
 import copy
+import json
 import secrets
 import shlex
 import socket
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
 
+from transientvod import channel_token
 from transientvod.config import Config, to_yaml
-from transientvod.job_channel import TOKEN_ENV, JobChannel
+from transientvod.job_channel import JobChannel
 from transientvod.spot.ssh_reach import MAX_PARALLEL, probe
 
 MARKER_PREFIX = ".transientvod-shared-check-"
+TOKEN_HOSTS_MODULE = "transientvod.launch.token_hosts"  # launch/token_hosts.py, shipped in the package
 
 
 class RemoteHostsError(RuntimeError):
@@ -118,6 +125,7 @@ class HeadServices:
     a context manager that stops both."""
 
     def __init__(self, config: Config, remote: list[str]):
+        self.token_file = None
         self.address = head_address(remote, config.cluster.network_interface)
         self.store_server = None
         self.marker = None
@@ -125,15 +133,18 @@ class HeadServices:
             self.marker = local_path(config.checkpoint_dir) / LAUNCHER_MARKER
             self.marker.parent.mkdir(parents=True, exist_ok=True)
             self.marker.write_text("a job with remote hosts runs; its workers check that they see this file\n")
+        ports = tuple(config.cluster.head_ports)
         worker_config = copy.deepcopy(config)
         if config.tracking.enabled and config.tracking.uri.startswith("sqlite:"):
             from transientvod.tracking.head_server import StoreServer
 
-            self.store_server = StoreServer(config.tracking.uri, self.address,
+            self.store_server = StoreServer(config.tracking.uri, self.address, ports=ports,
                                             log_path=config.run_dir / "mlflow-server.log").start()
             worker_config.tracking.uri = self.store_server.url
         try:
-            self.channel = JobChannel(config.run_dir, to_yaml(worker_config), self.address)
+            self.channel = JobChannel(config.run_dir, to_yaml(worker_config), self.address, ports)
+            self.token_file = channel_token.token_file(secrets.token_hex(8))
+            channel_token.write_token_file(self.token_file, self.channel.token)
         except BaseException:
             self.close()
             raise
@@ -144,11 +155,35 @@ class HeadServices:
 
     @property
     def worker_env(self) -> dict[str, str]:
-        return {TOKEN_ENV: self.channel.token}
+        """The token file's name (relative to each host's home); never the token."""
+        return {channel_token.TOKEN_FILE_ENV: self.token_file}
+
+    def discovery(self, command: str) -> str:
+        """`command` wrapped so that each remote host gets the token file before it is listed."""
+        return (f"{shlex.quote(sys.executable)} -m {TOKEN_HOSTS_MODULE} --token-file {shlex.quote(self.token_file)} "
+                f"--discovery {shlex.quote(command)}")
+
+    def _remove_token_files(self) -> None:
+        """The token, here and on every host that holds it at the end (a closed channel's token
+        opens nothing, but nothing of the job should be left behind). A host that left discovery
+        before the end, or that cannot be reached, keeps its copy: waiting on a vanished host's
+        ssh would hold the launcher's exit for its connect timeout."""
+        listed = channel_token.home() / channel_token.installed_list(self.token_file)
+        try:
+            hosts = json.loads(listed.read_text())
+        except (OSError, ValueError):
+            hosts = []
+        if hosts:
+            with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(hosts))) as pool:
+                list(pool.map(lambda host: channel_token.remove_from(host, self.token_file), hosts))
+        listed.unlink(missing_ok=True)
+        (channel_token.home() / self.token_file).unlink(missing_ok=True)
 
     def close(self) -> None:
         if getattr(self, "channel", None) is not None:
             self.channel.close()
+        if self.token_file is not None:
+            self._remove_token_files()
         if self.store_server is not None:
             self.store_server.stop()
         if self.marker is not None:

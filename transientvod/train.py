@@ -53,7 +53,8 @@ from transientvod.elastic import (CommitPolicy, CommitVote, ShardSampler, Transi
                                   network_address)
 from transientvod.evaluation import evaluate
 from transientvod.exchange import GradientExchange, SynchronousStep
-from transientvod.job_channel import TOKEN_ENV, ChannelError, ChannelRecord, LocalRecord, fetch_config, is_channel_url
+from transientvod.channel_token import read_token
+from transientvod.job_channel import ChannelError, ChannelRecord, LocalRecord, fetch_config, is_channel_url
 from transientvod.remote_hosts import RemoteHostsError, check_marker_seen
 from transientvod.schedule import OptimizerSchedule
 from transientvod.tasks import Task, TaskError, TaskFailed, load_task
@@ -343,9 +344,10 @@ def main(argv: list[str] | None = None) -> int:
         if is_channel_url(args.config):
             # A host that shares no disk with the launcher: the config and the records travel
             # through the launcher's channel (job_channel.py).
-            config = config_from_yaml(fetch_config(args.config), args.config)
+            token = read_token()
+            config = config_from_yaml(fetch_config(args.config, token), args.config)
             check_marker_seen(config, os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname())
-            record = ChannelRecord(args.config.rsplit("/", 1)[0], os.environ.get(TOKEN_ENV, ""), config.run_dir)
+            record = ChannelRecord(args.config.rsplit("/", 1)[0], token, config.run_dir)
         else:
             config = load_config(args.config)
             record = LocalRecord(config.run_dir)

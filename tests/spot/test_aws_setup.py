@@ -34,7 +34,11 @@ from transientvod.spot.aws_names import STATE_CHANGE, SetupNames
 JOB = "resnet32-run7"
 REGION = "us-east-1"
 NAMES = SetupNames.for_job(JOB)
-PARTS = 14  # queue, its policy, 4 rules and 4 targets, role, its policy, profile, role in profile
+# queue, its policy, 4 rules and 4 targets, role, its policy, profile, role in profile, security
+# group, its members' rule (with --ssh-from, one more: the SSH rule)
+PARTS = 16
+NOTHING = {"queues": [], "rules": [], "targets": [], "roles": [], "role policies": [], "profiles": [],
+           "security groups": []}
 
 
 @pytest.fixture
@@ -72,6 +76,8 @@ class Cloud:
                                     for p in self.iam.list_role_policies(RoleName=r["RoleName"])["PolicyNames"]),
             "profiles": sorted((p["InstanceProfileName"], tuple(r["RoleName"] for r in p["Roles"]))
                                for p in self.iam.list_instance_profiles()["InstanceProfiles"]),
+            "security groups": sorted(g["GroupName"] for g in self.ec2.describe_security_groups()["SecurityGroups"]
+                                      if g["GroupName"].startswith("transientvod-")),
         }
 
     def _targets(self, rule: str) -> list:
@@ -228,6 +234,85 @@ def test_the_worker_role_may_describe_read_the_queue_and_use_the_checkpoint_pref
     assert {s["Sid"] for s in document["Statement"]} == {"DescribeTheJobsInstances", "ReadTheNoticeQueue"}
 
 
+# --- the hosts' security group ----------------------------------------------------------------
+
+def the_group(cloud: Cloud) -> dict:
+    groups = cloud.ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": [NAMES.security_group]}])
+    assert len(groups["SecurityGroups"]) == 1, groups
+    return groups["SecurityGroups"][0]
+
+
+def ingress(group: dict) -> set:
+    """(protocol, from, to, source) of every source of every ingress rule of the group."""
+    return {(p["IpProtocol"], p.get("FromPort"), p.get("ToPort"), source)
+            for p in group["IpPermissions"]
+            for source in [g["GroupId"] for g in p.get("UserIdGroupPairs", [])]
+            + [r["CidrIp"] for r in p.get("IpRanges", [])] + [r["CidrIpv6"] for r in p.get("Ipv6Ranges", [])]}
+
+
+def test_the_security_group_opens_every_tcp_port_among_its_members_and_ssh_to_the_launcher_only(cloud, tmp_path):
+    done = cloud.aws("setup", "--fragment", str(tmp_path / "aws.yaml"), "--ssh-from", "203.0.113.7")
+    assert done.returncode == 0, done.stderr
+    group = the_group(cloud)
+    default_vpc = cloud.ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"][0]["VpcId"]
+    assert group["VpcId"] == default_vpc
+    assert {"Key": "transientvod:job", "Value": JOB} in group["Tags"]
+    # Gloo's and Horovod's ports are picked by the kernel: every TCP port, but from the group only;
+    # from the outside, SSH from the launcher's address alone.
+    assert ingress(group) == {("tcp", 0, 65535, group["GroupId"]), ("tcp", 22, 22, "203.0.113.7/32")}
+    assert reported(done)[f"rule of {NAMES.security_group}: SSH from 203.0.113.7/32"] == "created"
+    assert reported(cloud.aws("setup", "--ssh-from", "203.0.113.7/32", cwd=tmp_path)) == {
+        part: "already exists" for part in reported(done)}
+
+
+def test_without_ssh_from_the_group_admits_its_members_only_and_setup_says_so(cloud, tmp_path):
+    done = cloud.aws("setup", "--fragment", str(tmp_path / "aws.yaml"))
+    assert done.returncode == 0, done.stderr
+    group = the_group(cloud)
+    assert ingress(group) == {("tcp", 0, 65535, group["GroupId"])}
+    assert (f"no --ssh-from, so SSH reaches the hosts only from members of {NAMES.security_group}: run the launcher "
+            "on an instance in it, or run setup again with --ssh-from YOUR_ADDRESS/32.") in done.stdout
+
+
+def test_teardown_removes_the_group_with_its_rules(cloud, tmp_path):
+    assert cloud.aws("setup", "--ssh-from", "2001:db8::/64", cwd=tmp_path).returncode == 0
+    assert ("tcp", 22, 22, "2001:db8::/64") in ingress(the_group(cloud))
+    done = cloud.aws("teardown")
+    assert done.returncode == 0, done.stderr
+    assert reported(done)[f"security group {NAMES.security_group}"] == "removed"
+    assert cloud.ec2.describe_security_groups(
+        Filters=[{"Name": "group-name", "Values": [NAMES.security_group]}])["SecurityGroups"] == []
+    assert cloud.inventory() == NOTHING
+
+
+def test_a_bad_ssh_from_is_one_sentence_and_makes_nothing(cloud, tmp_path):
+    done = cloud.aws("setup", "--ssh-from", "my laptop", cwd=tmp_path)
+    assert one_sentence(done) == ("transientvod: --ssh-from 'my laptop' is not an address or a network; give the "
+                                  "launcher's public address as a CIDR, for example 203.0.113.7/32.")
+    assert cloud.inventory() == NOTHING
+
+
+def delete_default_vpc(ec2) -> None:
+    """An account whose region has no default VPC (deleted, or never had one)."""
+    vpc = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"][0]["VpcId"]
+    for subnet in ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]:
+        ec2.delete_subnet(SubnetId=subnet["SubnetId"])
+    for gateway in ec2.describe_internet_gateways(
+            Filters=[{"Name": "attachment.vpc-id", "Values": [vpc]}])["InternetGateways"]:
+        ec2.detach_internet_gateway(InternetGatewayId=gateway["InternetGatewayId"], VpcId=vpc)
+    ec2.delete_vpc(VpcId=vpc)
+
+
+def test_no_default_vpc_is_one_sentence_and_the_run_removes_what_it_made(cloud, tmp_path):
+    delete_default_vpc(cloud.ec2)
+    done = cloud.aws("setup", cwd=tmp_path)
+    assert one_sentence(done) == (f"transientvod: region {REGION} has no default VPC for the hosts' security group; "
+                                  f"give --vpc-id (the VPC of the fleet's --subnet-id); the {PARTS - 2} parts this "
+                                  "run created were removed again.")
+    assert cloud.inventory() == NOTHING
+    assert list(tmp_path.iterdir()) == []  # no fragment either
+
+
 # --- idempotence and teardown --------------------------------------------------------------
 
 def test_setup_twice_makes_nothing_new_and_everything_is_tagged(cloud, tmp_path):
@@ -303,8 +388,7 @@ def test_teardown_removes_what_is_left_of_a_partial_setup(cloud):
     removed = {part for part, what in reported(done).items() if what == "removed"}
     assert removed == {f"SQS queue {NAMES.queue}", f"EventBridge rule {rule} ({INTERRUPTION_WARNING})",
                        f"target of {rule}: the queue"}
-    assert cloud.inventory() == {"queues": [], "rules": [], "targets": [], "roles": [], "role policies": [],
-                                 "profiles": []}
+    assert cloud.inventory() == NOTHING
 
 
 # --- bad input -------------------------------------------------------------------------------
@@ -321,7 +405,7 @@ def user_without(cloud: Cloud, denied) -> dict:
     cloud.iam.create_user(UserName="setup-user")
     cloud.iam.put_user_policy(UserName="setup-user", PolicyName="almost-everything", PolicyDocument=json.dumps({
         "Version": "2012-10-17", "Statement": [
-            {"Effect": "Allow", "Action": ["sqs:*", "events:*", "iam:*"], "Resource": "*"},
+            {"Effect": "Allow", "Action": ["sqs:*", "events:*", "iam:*", "ec2:*"], "Resource": "*"},
             {"Effect": "Deny", "Action": denied, "Resource": "*"}]}))
     key = cloud.iam.create_access_key(UserName="setup-user")["AccessKey"]
     return {**os.environ, "AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
@@ -330,7 +414,8 @@ def user_without(cloud: Cloud, denied) -> dict:
 @pytest.mark.parametrize("denied, created_before_it", [
     ("sqs:CreateQueue", 0),
     ("events:PutTargets", 3),  # the queue, its policy, the first rule
-    ("iam:AddRoleToInstanceProfile", PARTS - 1),
+    ("iam:AddRoleToInstanceProfile", PARTS - 3),
+    ("ec2:AuthorizeSecurityGroupIngress", PARTS - 1),  # everything but the group's rule: the group too
 ])
 def test_a_missing_permission_is_named_and_nothing_this_run_made_is_left(cloud, tmp_path, denied, created_before_it):
     env = user_without(cloud, denied)
@@ -374,8 +459,7 @@ def test_a_rollback_that_fails_too_names_what_remains_and_the_command_that_remov
     assert left["queues"] == left["rules"] == left["roles"] == []
     # And that command does remove it all.
     assert cloud.aws("teardown").returncode == 0
-    assert cloud.inventory() == {"queues": [], "rules": [], "targets": [], "roles": [], "role policies": [],
-                                 "profiles": []}
+    assert cloud.inventory() == NOTHING
 
 
 def test_a_rollback_leaves_what_existed_before_the_run(cloud, tmp_path):
@@ -422,8 +506,7 @@ def test_ctrl_c_removes_what_the_run_made_including_the_part_aws_had_just_made(c
     made = ("the part this run created was" if interrupted_at == 0
             else f"the {interrupted_at + 1} parts this run created were")
     assert sentence.endswith(f"{made} removed again."), sentence
-    assert cloud.inventory() == {"queues": [], "rules": [], "targets": [], "roles": [], "role policies": [],
-                                 "profiles": []}
+    assert cloud.inventory() == NOTHING
 
 
 @pytest.mark.parametrize("option, value, fragment", [
@@ -459,6 +542,5 @@ def test_no_credentials_is_one_sentence_and_makes_nothing(cloud, tmp_path):
 
     assert one_sentence(done) == ("transientvod: no AWS credentials found; configure them (aws configure, environment "
                                   "variables, or an instance role); this run created nothing.")
-    assert cloud.inventory() == {"queues": [], "rules": [], "targets": [], "roles": [], "role policies": [],
-                                 "profiles": []}
+    assert cloud.inventory() == NOTHING
     assert list(tmp_path.iterdir()) == [empty]  # no fragment either

@@ -15,7 +15,7 @@ from conftest import REPO, TRANSIENTVOD, reset_moto
 from test_user_data import KEY, values_in_bash
 
 from transientvod.cli import launcher_torch
-from transientvod.spot.aws_setup import AwsSetup, setup_instance_profile
+from transientvod.spot.aws_setup import AwsSetup, setup_instance_profile, setup_security_group
 from transientvod.spot.fleet import Fleet
 from transientvod.spot.fleet_spec import FleetSpec
 from transientvod.spot.user_data import JoinSpec, join_script, watchdog_script
@@ -71,12 +71,19 @@ def test_a_dry_run_says_what_each_instance_gets(aws, public_key):
     assert (f"transientvod fleet: each instance gets {size} bytes of user data (the join script; "
             "--print-user-data shows it) and no instance profile.") in done.stdout
 
+    assert (f"transientvod fleet: no security group transientvod-{JOB}-hosts (transientvod aws setup makes it); "
+            "the instances get the VPC's default group") in done.stdout
+
     AwsSetup(JOB, REGION, endpoint_url=url, session=session, say=lambda line: None).setup()
+    group = setup_security_group(JOB, REGION, url, session)
+    assert group and group.startswith("sg-")
     done = fleet_cli(url, ami, "--ssh-public-key", str(public_key), "--dry-run")
     assert done.returncode == 0, done.stderr
-    assert f"and instance profile {PROFILE}." in done.stdout
+    assert f"and instance profile {PROFILE} and security group {group}." in done.stdout
     done = fleet_cli(url, ami, "--ssh-public-key", str(public_key), "--instance-profile", "none", "--dry-run")
-    assert "and no instance profile." in done.stdout
+    assert f"and no instance profile and security group {group}." in done.stdout
+    done = fleet_cli(url, ami, "--ssh-public-key", str(public_key), "--security-group-id", "sg-0own", "--dry-run")
+    assert f"and instance profile {PROFILE} and security group sg-0own." in done.stdout
 
 
 @pytest.mark.parametrize("extra, named", [
@@ -108,18 +115,21 @@ def test_join_options_without_what_they_need_are_one_sentence(extra, message):
     assert done.stderr.strip().splitlines()[-1] == f"transientvod: {message}"
 
 
-def test_launched_instances_carry_the_user_data_and_the_setup_instance_profile(aws):
+def test_launched_instances_carry_the_user_data_the_setup_instance_profile_and_security_group(aws):
     url, ami, session = aws
     assert setup_instance_profile(JOB, REGION, url, session) is None
     AwsSetup(JOB, REGION, endpoint_url=url, session=session, say=lambda line: None).setup()
     assert setup_instance_profile(JOB, REGION, url, session) == PROFILE
     script = join_script(JoinSpec(public_key=KEY, ssh_user="ubuntu", venv="/opt/venv", region=REGION))
+    group = setup_security_group(JOB, REGION, url, session)
     spec = FleetSpec(job_tag=JOB, instance_types=["g4dn.xlarge"], target=1, image_id=ami,
-                     hourly_price={"g4dn.xlarge": 0.2}, user_data=script, instance_profile=PROFILE)
+                     hourly_price={"g4dn.xlarge": 0.2}, user_data=script, instance_profile=PROFILE,
+                     security_group_ids=[group])
     [action] = Fleet(spec, region=REGION, endpoint_url=url, session=session).reconcile()
     ec2 = session.client("ec2", endpoint_url=url, region_name=REGION)
     instance = ec2.describe_instances(InstanceIds=[action.instance_id])["Reservations"][0]["Instances"][0]
     assert instance["IamInstanceProfile"]["Arn"].endswith(f":instance-profile/{PROFILE}")
+    assert [g["GroupId"] for g in instance["SecurityGroups"]] == [group]
     user_data = ec2.describe_instance_attribute(InstanceId=action.instance_id, Attribute="userData")["UserData"]
     assert base64.b64decode(user_data["Value"]).decode() == script
 

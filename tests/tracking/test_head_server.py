@@ -218,3 +218,33 @@ def test_a_picked_port_taken_before_the_server_binds_is_picked_again(tmp_path, m
 
             assert MlflowClient(server.url).get_run(run_id).info.run_id == run_id
     assert "[Errno 98]" in (tmp_path / "server.log").read_text()
+
+
+def test_with_a_port_range_the_server_listens_on_its_first_free_port(tmp_path):
+    uri, run_id = store_with_run(tmp_path)
+    first = 31500
+    with socket.socket() as taken:
+        taken.bind((ADDRESS, first))
+        taken.listen()
+        with StoreServer(uri, ADDRESS, ports=(first, first + 2), log_path=tmp_path / "server.log") as server:
+            assert server.port == first + 1
+            from mlflow import MlflowClient
+
+            assert MlflowClient(server.url).get_run(run_id).info.run_id == run_id
+            listening = {c.laddr for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+            assert (ADDRESS, first + 1) in {(a.ip, a.port) for a in listening}
+
+
+def test_a_port_range_with_every_port_taken_is_one_sentence_and_starts_nothing(tmp_path):
+    uri, _ = store_with_run(tmp_path)
+    first = 31510
+    with socket.socket() as one, socket.socket() as two:
+        for held, port in ((one, first), (two, first + 1)):
+            held.bind((ADDRESS, port))
+            held.listen()
+        with pytest.raises(TrackingError) as caught:
+            StoreServer(uri, ADDRESS, ports=(first, first + 1), log_path=tmp_path / "server.log").start()
+    assert one_sentence(caught.value) == (f"every port of cluster.head_ports [{first}, {first + 1}] is taken on "
+                                          f"{ADDRESS} (by other jobs or programs), so the MLflow server has none; "
+                                          "widen the range.")
+    assert not (tmp_path / "server.log").exists()

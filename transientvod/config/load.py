@@ -133,7 +133,10 @@ def _check_type(value, typ, key: str, source: str):
             return value
         if t is dict and isinstance(value, dict):
             return value
-    names = " or ".join("null" if t is type(None) else "a mapping" if t is dict else t.__name__ for t in allowed)
+        if t is list and isinstance(value, list):
+            return value
+    names = " or ".join("null" if t is type(None) else "a mapping" if t is dict else "a list" if t is list
+                        else t.__name__ for t in allowed)
     raise ConfigError(f"{source}: '{key}' must be {names}, not {value!r} ({type(value).__name__}).")
 
 

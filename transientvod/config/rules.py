@@ -11,6 +11,7 @@ from transientvod.config.schema import (
     CODECS,
     DATASETS,
     DEVICES,
+    HEAD_SERVICES,
     INT8_BLOCK_MAX,
     INT8_BLOCK_MIN,
     LR_SCALING_RULES,
@@ -55,6 +56,7 @@ def validate(config: Config, source: str = "config") -> None:
                                f"{INT8_BLOCK_MAX} elements.")
     if not 0.0 <= config.exchange.compress_after <= 1.0:
         fail("exchange.compress_after", f"is {config.exchange.compress_after}; it is a fraction of the steps (0 to 1).")
+    check_head_ports(config.cluster.head_ports, fail)
     one_of("spot.provider", config.spot.provider, SPOT_PROVIDERS)
     one_of("notices.source", config.notices.source, NOTICE_SOURCES)
     one_of("cost.cloud", config.cost.cloud, CLOUDS)
@@ -139,3 +141,15 @@ def validate(config: Config, source: str = "config") -> None:
              "600 seconds.")
     if c.np and not c.min_np <= c.np <= c.max_np:
         fail("cluster.np", f"is {c.np}; it must lie between cluster.min_np ({c.min_np}) and cluster.max_np ({c.max_np}).")
+
+
+def check_head_ports(ports, fail) -> None:
+    """cluster.head_ports: [first, last], wide enough for every service the head binds."""
+    numbers = len(ports) == 2 and all(isinstance(p, int) and not isinstance(p, bool) for p in ports)
+    if not numbers or not 1 <= ports[0] <= ports[1] <= 65535:
+        fail("cluster.head_ports", f"is {ports!r}; give [first, last], two port numbers (1 to 65535) with "
+                                   "first <= last, for example [30000, 30099].")
+    count, needed = ports[1] - ports[0] + 1, len(HEAD_SERVICES)
+    if count < needed:
+        fail("cluster.head_ports", f"is {ports!r}, {count} port{'s' if count != 1 else ''}, and the head of a job with remote hosts binds "
+                                   f"{needed} ({' and '.join(HEAD_SERVICES)}); give a range of at least {needed}.")

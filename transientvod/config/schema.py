@@ -30,6 +30,11 @@ NOTICE_SOURCES = ("none", "aws", "gce", "hoststate")
 CLOUDS = ("gce", "aws")
 SPOT, ON_DEMAND = "spot", "on-demand"
 MARKETS = (SPOT, ON_DEMAND)
+# What the head binds for a job with remote hosts, one port each, from cluster.head_ports.
+HEAD_SERVICES = ("the job channel", "the MLflow server of a local SQLite store")
+# Below Linux's default ephemeral range (32768-60999), where outgoing connections take their
+# local ports, so a connection never holds one of these.
+HEAD_PORTS_DEFAULT = (30000, 30099)
 # Where runs go unless the config says otherwise; `compare` reads the same directory's store.
 DEFAULT_OUTPUT_DIR = "runs"
 DEFAULT_EXPERIMENT = "transientvod"  # the MLflow experiment, unless tracking.experiment says otherwise
@@ -112,6 +117,10 @@ class ClusterConfig:
     # back after 2-3x this, doubling with each failure, up to HOST_COOLDOWN_MAX. A cloud often
     # brings a replacement server back under the same name (GCE's managed groups do). 0: never.
     host_cooldown: int = 5
+    # [first, last]: the head's services for remote hosts (HEAD_SERVICES) bind the first free
+    # ports of this range on the head's cluster address, so a firewall or a security group of
+    # the user's own can allow exactly these (docs/network.md).
+    head_ports: list = field(default_factory=lambda: list(HEAD_PORTS_DEFAULT))
 
 
 @dataclass

@@ -15,7 +15,8 @@ import os
 import socket
 
 from transientvod.config import Config, config_from_yaml, load_config
-from transientvod.job_channel import TOKEN_ENV, ChannelRecord, LocalRecord, fetch_config, is_channel_url
+from transientvod.channel_token import read_token
+from transientvod.job_channel import ChannelRecord, LocalRecord, fetch_config, is_channel_url
 
 JOB_CONFIG_ENV = "TRANSIENTVOD_JOB_CONFIG"
 
@@ -27,8 +28,9 @@ def job_config(environ=os.environ) -> tuple[Config, object]:
     if is_channel_url(location):
         from transientvod.remote_hosts import check_marker_seen
 
-        config = config_from_yaml(fetch_config(location), location)
+        token = read_token(environ)
+        config = config_from_yaml(fetch_config(location, token), location)
         check_marker_seen(config, environ.get("HOROVOD_HOSTNAME") or socket.gethostname())
-        return config, ChannelRecord(location.rsplit("/", 1)[0], environ.get(TOKEN_ENV, ""), config.run_dir)
+        return config, ChannelRecord(location.rsplit("/", 1)[0], token, config.run_dir)
     config = load_config(location or None)
     return config, LocalRecord(config.run_dir)

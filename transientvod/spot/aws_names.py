@@ -6,9 +6,14 @@ The policies follow AWS's node termination handler in queue mode: the queue lets
 events.amazonaws.com send to it, only from this job's rules; the workers' role may describe
 instances, read the notice queue (so the watcher can run on one of the job's instances) and,
 when the job checkpoints to S3, read and write under that prefix only.
+
+The security group's rules: every TCP port among the group's members (Gloo and Horovod's own
+servers listen on ports the kernel picks, so no narrower range exists), and SSH from the
+launcher's address when it is outside the group.
 """
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 
@@ -47,6 +52,7 @@ class SetupNames:
     rules: dict  # rule name -> the detail-type it forwards
     role: str
     instance_profile: str
+    security_group: str
 
     @classmethod
     def for_job(cls, job_tag: str) -> SetupNames:
@@ -54,7 +60,7 @@ class SetupNames:
         base = f"transientvod-{job_tag}"
         return cls(job_tag=job_tag, queue=f"{base}-notices",
                    rules={f"{base}-{suffix}": kind for suffix, kind in RULE_KINDS.items()},
-                   role=f"{base}-worker", instance_profile=f"{base}-worker")
+                   role=f"{base}-worker", instance_profile=f"{base}-worker", security_group=f"{base}-hosts")
 
 
 def check_job_tag(job_tag: str) -> None:
@@ -129,3 +135,29 @@ def worker_policy(queue_arn: str, s3_prefix: str = "") -> dict:
                         "s3:ListMultipartUploadParts"]},
         ]
     return {"Version": "2012-10-17", "Statement": statements}
+
+
+SSH_PORT = 22
+
+
+def members_rule(group_id: str) -> dict:
+    """Ingress of every TCP port from the group itself (a self-referencing rule)."""
+    return {"IpProtocol": "tcp", "FromPort": 0, "ToPort": 65535,
+            "UserIdGroupPairs": [{"GroupId": group_id, "Description": "the job's hosts: Gloo, Horovod, the head"}]}
+
+
+def check_cidr(cidr: str) -> str:
+    """The network `cidr` names, written as AWS writes it (203.0.113.7 -> 203.0.113.7/32)."""
+    try:
+        return str(ipaddress.ip_network(cidr, strict=False))
+    except ValueError:
+        raise ValueError(f"--ssh-from {cidr!r} is not an address or a network; give the launcher's public address "
+                         "as a CIDR, for example 203.0.113.7/32.") from None
+
+
+def ssh_rule(cidr: str) -> dict:
+    """Ingress of SSH from the launcher's network (IPv4 or IPv6)."""
+    network = ipaddress.ip_network(cidr)
+    ranges = ({"Ipv6Ranges": [{"CidrIpv6": cidr, "Description": "the launcher's ssh"}]} if network.version == 6
+              else {"IpRanges": [{"CidrIp": cidr, "Description": "the launcher's ssh"}]})
+    return {"IpProtocol": "tcp", "FromPort": SSH_PORT, "ToPort": SSH_PORT, **ranges}

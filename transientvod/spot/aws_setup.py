@@ -1,8 +1,11 @@
 """`transientvod aws setup` and `teardown`: the cloud side of queue mode for one job.
 
 Setup makes, in this order: the SQS notice queue, its policy, one EventBridge rule per EC2
-event kind (aws_names.RULE_KINDS) with the queue as its target, and the workers' IAM role,
-its inline policy, an instance profile and the role inside it. Each part is looked up
+event kind (aws_names.RULE_KINDS) with the queue as its target, the workers' IAM role, its
+inline policy, an instance profile and the role inside it, and the hosts' security group (in
+--vpc-id, else the region's default VPC) with its rules: all TCP among its members, and SSH
+(22) from --ssh-from when given (the launcher outside the group; inside it, the first rule
+lets it in already). Each part is looked up
 first: what exists is reported as "already exists" and left alone (a policy whose document
 differs, or a rule that is disabled or has another pattern, is rewritten and reported
 "updated"), so running setup twice makes nothing new.
@@ -52,6 +55,8 @@ SERVICE_OF_OPERATION = {
     **dict.fromkeys(("GetRole", "CreateRole", "DeleteRole", "GetRolePolicy", "PutRolePolicy", "DeleteRolePolicy",
                      "GetInstanceProfile", "CreateInstanceProfile", "DeleteInstanceProfile",
                      "AddRoleToInstanceProfile", "RemoveRoleFromInstanceProfile"), "iam"),
+    **dict.fromkeys(("DescribeVpcs", "DescribeSecurityGroups", "CreateSecurityGroup", "DeleteSecurityGroup",
+                     "AuthorizeSecurityGroupIngress", "RevokeSecurityGroupIngress", "CreateTags"), "ec2"),
 }
 
 
@@ -70,20 +75,26 @@ class AwsSetup:
     """The parts of one job tag in one region, and the clients that make and remove them."""
 
     def __init__(self, job_tag: str, region: str, endpoint_url: str | None = None, s3_prefix: str = "",
-                 session=None, say: Callable[[str], None] = print):
+                 session=None, say: Callable[[str], None] = print, ssh_from: str = "", vpc_id: str = ""):
+        """`ssh_from`: the launcher's network (CIDR) that may reach the hosts' SSH; "" for none
+        beyond the group's members. `vpc_id`: the group's VPC; "" for the region's default."""
         aws_names.check_region(region)
         self.names = SetupNames.for_job(job_tag)
         if s3_prefix:
             aws_names.parse_s3_prefix(s3_prefix)  # a bad URL is one sentence before any call
+        self.ssh_from = aws_names.check_cidr(ssh_from) if ssh_from else ""
         self.region = region
         self.s3_prefix = s3_prefix
         self.say = say
         self._queue_url: str | None = None
         self._queue_arn: str | None = None
+        self._vpc_id = vpc_id
+        self._group_id: str | None = None
         with self._errors("creating the AWS clients"):
             self._sqs = aws_client("sqs", region, endpoint_url, session)
             self._events = aws_client("events", region, endpoint_url, session)
             self._iam = aws_client("iam", region, endpoint_url, session)
+            self._ec2 = aws_client("ec2", region, endpoint_url, session)
 
     # --- the two commands ----------------------------------------------------------------------
 
@@ -172,7 +183,15 @@ class AwsSetup:
                  self._create_profile, self._delete_profile),
             Part(f"role {n.role} in instance profile {n.instance_profile}",
                  self._profile_role_state, self._add_role_to_profile, self._remove_role_from_profile),
+            Part(f"security group {n.security_group}", self._group_state, self._create_group, self._delete_group),
+            Part(f"rule of {n.security_group}: all TCP among its members",
+                 lambda: self._rule_in_group(self._members_rule), lambda: self._authorize(self._members_rule),
+                 lambda: self._revoke(self._members_rule)),
         ]
+        if self.ssh_from:
+            parts.append(Part(f"rule of {n.security_group}: SSH from {self.ssh_from}",
+                              lambda: self._rule_in_group(self._ssh_rule), lambda: self._authorize(self._ssh_rule),
+                              lambda: self._revoke(self._ssh_rule)))
         return parts
 
     # SQS ----------------------------------------------------------------------------------------
@@ -346,6 +365,65 @@ class AwsSetup:
                                                     RoleName=self.names.role)
         return True
 
+    # EC2: the hosts' security group ------------------------------------------------------------
+
+    def _find_group(self) -> dict | None:
+        """The job's group: its name and the job's tag (in the VPC asked for, when one was);
+        teardown, given no VPC, finds it in any."""
+        filters = [{"Name": "group-name", "Values": [self.names.security_group]},
+                   {"Name": f"tag:{aws_names.TAG_KEY}", "Values": [self.names.job_tag]}]
+        if self._vpc_id:
+            filters.append({"Name": "vpc-id", "Values": [self._vpc_id]})
+        groups = self._ec2.describe_security_groups(Filters=filters).get("SecurityGroups", [])
+        if not groups:
+            return None
+        self._group_id = groups[0]["GroupId"]
+        return groups[0]
+
+    def _group_state(self) -> str | None:
+        return EXISTS if self._find_group() else None
+
+    def _default_vpc(self) -> str:
+        vpcs = self._ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}]).get("Vpcs", [])
+        if not vpcs:
+            raise ProviderError(f"region {self.region} has no default VPC for the hosts' security group; give "
+                                "--vpc-id (the VPC of the fleet's --subnet-id).")
+        return vpcs[0]["VpcId"]
+
+    def _create_group(self) -> None:
+        self._vpc_id = self._vpc_id or self._default_vpc()
+        self._group_id = self._ec2.create_security_group(
+            GroupName=self.names.security_group, VpcId=self._vpc_id,
+            Description=f"transientvod job {self.names.job_tag}: its hosts reach each other, the launcher reaches ssh",
+            TagSpecifications=[{"ResourceType": "security-group",
+                                "Tags": [{"Key": aws_names.TAG_KEY, "Value": self.names.job_tag}]}])["GroupId"]
+
+    def _delete_group(self) -> bool:
+        if self._find_group() is None:
+            return False
+        self._ec2.delete_security_group(GroupId=self._group_id)
+        self._group_id = None
+        return True
+
+    def _members_rule(self) -> dict:
+        return aws_names.members_rule(self._group_id)
+
+    def _ssh_rule(self) -> dict:
+        return aws_names.ssh_rule(self.ssh_from)
+
+    def _rule_in_group(self, wanted: Callable[[], dict]) -> str | None:
+        group = self._find_group()
+        return EXISTS if group and _has_permission(group.get("IpPermissions", []), wanted()) else None
+
+    def _authorize(self, wanted: Callable[[], dict]) -> None:
+        self._ec2.authorize_security_group_ingress(GroupId=self._group_id, IpPermissions=[wanted()])
+
+    def _revoke(self, wanted: Callable[[], dict]) -> bool:
+        if self._rule_in_group(wanted) is None:
+            return False  # gone with its group, or never there
+        self._ec2.revoke_security_group_ingress(GroupId=self._group_id, IpPermissions=[wanted()])
+        return True
+
     # --- errors --------------------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -367,6 +445,37 @@ def permission(error: Exception, what: str) -> str:
     operation = getattr(error, "operation_name", "") if isinstance(error, botocore.exceptions.ClientError) else ""
     service = SERVICE_OF_OPERATION.get(operation)
     return f"{service}:{operation}" if service else f"the calls for {what}"
+
+
+def _has_permission(permissions: list[dict], wanted: dict) -> bool:
+    """Whether a group's ingress holds `wanted`: same protocol and ports, and each of its
+    sources (a group, a CIDR) among that permission's, whatever descriptions they carry."""
+    def sources(permission: dict) -> set:
+        return ({("group", p["GroupId"]) for p in permission.get("UserIdGroupPairs", [])}
+                | {("cidr", r["CidrIp"]) for r in permission.get("IpRanges", [])}
+                | {("cidr", r["CidrIpv6"]) for r in permission.get("Ipv6Ranges", [])})
+    for permission in permissions:
+        same_ports = (permission.get("IpProtocol"), permission.get("FromPort"), permission.get("ToPort")) == (
+            wanted["IpProtocol"], wanted["FromPort"], wanted["ToPort"])
+        if same_ports and sources(wanted) <= sources(permission):
+            return True
+    return False
+
+
+def setup_security_group(job_tag: str, region: str | None, endpoint_url: str | None = None,
+                         session=None) -> str | None:
+    """The id of the security group `aws setup` made for `job_tag`, if it exists (one
+    ec2:DescribeSecurityGroups call); a refused call is one sentence naming that permission."""
+    names = SetupNames.for_job(job_tag)
+    filters = [{"Name": "group-name", "Values": [names.security_group]},
+               {"Name": f"tag:{aws_names.TAG_KEY}", "Values": [job_tag]}]
+    try:
+        ec2 = aws_client("ec2", region, endpoint_url, session)
+        groups = ec2.describe_security_groups(Filters=filters).get("SecurityGroups", [])
+    except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as e:
+        raise ProviderError(aws_error_sentence(e, "ec2:DescribeSecurityGroups", region or "the default region",
+                                               "your")) from e
+    return groups[0]["GroupId"] if groups else None
 
 
 def _or_none(call: Callable[[], dict]) -> dict | None:

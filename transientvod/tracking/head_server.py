@@ -49,6 +49,10 @@ LOG_TIMESTAMP = re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\s+(ERROR:?\s*)?")
 _direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
+class PortTaken(TrackingError):
+    """The port asked for is in use on the address."""
+
+
 class StoreServer:
     """`mlflow server` for one SQLite store, listening on `address` (the head's cluster address).
 
@@ -57,7 +61,8 @@ class StoreServer:
     """
 
     def __init__(self, sqlite_uri: str, address: str, port: int = 0, log_path: Path | None = None,
-                 start_seconds: float = START_SECONDS):
+                 start_seconds: float = START_SECONDS, ports: tuple[int, int] | None = None):
+        """`ports`: (first, last), cluster.head_ports: the first free port of the range, in place of `port`."""
         path = sqlite_path(sqlite_uri)
         if path is None:
             raise TrackingError(f"{redacted(sqlite_uri)} is not a SQLite store; only a SQLite file needs serving "
@@ -70,6 +75,7 @@ class StoreServer:
         self.database = sqlite_path(self.sqlite_uri)
         self.address = address
         self.port = port
+        self.ports = tuple(ports) if ports else None
         self.start_seconds = start_seconds
         self._own_log = log_path is None
         self.log_path = Path(log_path) if log_path is not None else None
@@ -95,9 +101,9 @@ class StoreServer:
         if not self.database.is_file():
             raise TrackingError(f"cannot serve the MLflow store {self.sqlite_uri}: {self.database} does not exist "
                                 "(the launcher opens the run, which creates it, before it serves it).")
-        pick_port = self.port == 0
+        pick_port = self.port == 0 or self.ports is not None
         # Before the log is made: a bad address or a taken port starts nothing and leaves nothing.
-        self.port = self._free_port(0 if pick_port else self.port)
+        self.port = self._pick_port() if pick_port else self._free_port(self.port)
         if self.log_path is None:
             handle, name = tempfile.mkstemp(prefix="mlflow-server-", suffix=".log")
             os.close(handle)
@@ -105,7 +111,7 @@ class StoreServer:
         began = time.monotonic()
         for attempt in (1, 2):
             if attempt == 2:
-                self.port = self._free_port(0)
+                self.port = self._pick_port(after=self.port)
             self._process = self._launch()
             try:
                 self._wait_until_ready()
@@ -184,6 +190,19 @@ class StoreServer:
         raise TrackingError(f"the MLflow server for {redacted(self.sqlite_uri)} on {self.address}:{self.port} did "
                             f"not start: {what} ({_last_error(self._log_text())}; log {self.log_path}).")
 
+    def _pick_port(self, after: int = 0) -> int:
+        """Any free port, or the first free one of `ports` above `after` (cluster.head_ports)."""
+        if self.ports is None:
+            return self._free_port(0)
+        first, last = self.ports
+        for port in range(max(first, after + 1), last + 1):
+            try:
+                return self._free_port(port)
+            except PortTaken:
+                continue
+        raise TrackingError(f"every port of cluster.head_ports [{first}, {last}] is taken on {self.address} (by "
+                            "other jobs or programs), so the MLflow server has none; widen the range.")
+
     def _free_port(self, port: int) -> int:
         """`port` if it is free on the address, or any free port for 0 (bound, read, released:
         the server may lose it to another program before it binds, which start() retries once)."""
@@ -202,6 +221,9 @@ class StoreServer:
                 if e.errno == errno.EADDRNOTAVAIL:
                     raise TrackingError(f"cannot serve the MLflow store {store} on {address}: it is not an address "
                                         "of this machine; give the head's cluster address.") from None
+                if e.errno == errno.EADDRINUSE:
+                    raise PortTaken(f"cannot serve the MLflow store {store} on {address}:{port} ({e.strerror}); "
+                                    "pick another port, or 0 for any free one.") from None
                 raise TrackingError(f"cannot serve the MLflow store {store} on {address}:{port} ({e.strerror}); "
                                     "pick another port, or 0 for any free one.") from None
             return probe.getsockname()[1]
