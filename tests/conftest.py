@@ -13,6 +13,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+
+def default_sighup() -> None:
+    """For a child process: SIGHUP back to its default, as a login shell starts a command. A test
+    run under nohup (or a CI runner that ignores SIGHUP) would otherwise pass the ignored SIGHUP
+    on, and the command, rightly, keeps it ignored."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 REPO = Path(__file__).resolve().parents[1]
 TRANSIENTVOD = [sys.executable, "-m", "transientvod.cli"]
 LOCAL_HOSTS = f"{sys.executable} {REPO / 'launch' / 'local_hosts.py'}"
@@ -97,7 +105,8 @@ class Job:
         # Its own session, so a test can kill horovodrun and every worker at once.
         log = open(log_path, "w")
         return subprocess.Popen(self.argv(discovery), stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                                start_new_session=True, env=job_environment(self.step_seconds))
+                                start_new_session=True, env=job_environment(self.step_seconds),
+                                preexec_fn=default_sighup)
 
     def rows(self, name: str) -> list[dict]:
         path = self.run_dir / name

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import REPO, TRANSIENTVOD, reset_moto
+from conftest import REPO, TRANSIENTVOD, default_sighup, reset_moto
 
 JOB = "signal-job"
 ALIVE = ("pending", "running")
@@ -50,7 +50,7 @@ def test_a_signal_to_the_fleet_ends_every_instance_of_the_job(ec2, signum):
                            "--poll-seconds", "0.5"]
     # Its own session: the signal reaches the fleet alone, as `kill PID` sends it.
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=default_sighup)
     try:
         # The instances are launched inside Fleet.run, where the fleet's handlers are in place.
         launched = wait_for(lambda: len(job_instances(client, ALIVE)) == 2 and job_instances(client, ALIVE), 60,
