@@ -11,6 +11,16 @@ import pytest
 from transientvod.ending_signals import EndingSignal, ending_signals
 
 
+@pytest.fixture(autouse=True)
+def sighup_at_its_default():
+    """SIGHUP at its default for each test, as a login shell starts a command: under nohup (or
+    a CI runner that ignores SIGHUP) pytest itself would have it ignored, and ending_signals,
+    rightly, keeps an ignored SIGHUP ignored."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGHUP, previous)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 def test_each_signal_raises_one_ending_signal_that_is_a_keyboard_interrupt(signum):
     with pytest.raises(KeyboardInterrupt) as raised:
