@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import pwd
 import shlex
-import subprocess
 from pathlib import Path
 
 from transientvod.job_channel import ChannelError
@@ -93,21 +92,9 @@ def install_command(relative: str) -> str:
 
 def install_on(host: str, relative: str, token: str) -> str | None:
     """Write the token to `host` through ssh's stdin; None on success, else what ssh said."""
-    from transientvod.spot.ssh_reach import CONNECT_TIMEOUT_SECONDS, SSH_OPTIONS
+    from transientvod.spot.ssh_reach import probe
 
-    # SSH_OPTIONS has -n (stdin from /dev/null); the token must come through stdin here.
-    options = [option for option in SSH_OPTIONS if option != "-n"]
-    argv = ["ssh", *options, "-o", f"ConnectTimeout={CONNECT_TIMEOUT_SECONDS}", host, install_command(relative)]
-    try:
-        done = subprocess.run(argv, input=token, capture_output=True, text=True, timeout=CONNECT_TIMEOUT_SECONDS + 10)
-    except FileNotFoundError:
-        return "there is no ssh client on the launcher's machine"
-    except subprocess.TimeoutExpired:
-        return f"no answer within {CONNECT_TIMEOUT_SECONDS + 10} s"
-    if done.returncode == 0:
-        return None
-    lines = [line.strip() for line in done.stderr.splitlines() if line.strip() and not line.startswith("Warning:")]
-    return (lines or [f"ssh exited with {done.returncode}"])[-1]
+    return probe(host, install_command(relative), stdin=token)
 
 
 def remove_from(host: str, relative: str) -> str | None:

@@ -71,11 +71,15 @@ def key_words(host: str) -> str:
     return f"no key (none of {', '.join(named) or 'the identity files'} exists)"
 
 
-def probe(host: str, command: str = "true") -> str | None:
-    """None if `ssh host COMMAND` succeeds; else what ssh said (its last line)."""
-    argv = ["ssh", *SSH_OPTIONS, "-o", f"ConnectTimeout={CONNECT_TIMEOUT_SECONDS}", host, command]
+def probe(host: str, command: str = "true", stdin: str | None = None) -> str | None:
+    """None if `ssh host COMMAND` succeeds; else what ssh said (its last line). `stdin`, when
+    given, is the command's standard input (else ssh's -n gives it /dev/null): the way to hand a
+    host a secret that must not appear on any command line."""
+    options = SSH_OPTIONS if stdin is None else tuple(option for option in SSH_OPTIONS if option != "-n")
+    argv = ["ssh", *options, "-o", f"ConnectTimeout={CONNECT_TIMEOUT_SECONDS}", host, command]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=CONNECT_TIMEOUT_SECONDS + 10)
+        done = subprocess.run(argv, input=stdin, capture_output=True, text=True,
+                              timeout=CONNECT_TIMEOUT_SECONDS + 10)
     except FileNotFoundError:
         return "there is no ssh client on the launcher's machine"
     except subprocess.TimeoutExpired:
