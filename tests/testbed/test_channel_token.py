@@ -23,25 +23,13 @@ from pathlib import Path
 import pytest
 
 from conftest import LOCAL_HOSTS, TINY_JOB, job_environment
-from testbed_support import require_testbed, testbed_factory  # noqa: F401 (a fixture)
+from testbed_support import command_lines, require_testbed, testbed_factory  # noqa: F401 (a fixture)
 
 from transientvod import channel_token
 from transientvod.testbed import sshd
 from transientvod.testbed.rehearsal import Rehearsal
 
 pytestmark = [require_testbed(), pytest.mark.slow]
-
-
-def command_lines() -> dict[int, str]:
-    """Every process's argv on this machine, and so on every testbed host and the head."""
-    lines = {}
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                lines[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue  # it ended meanwhile
-    return lines
 
 
 def new_token_file(directory: Path, before: set[Path], proc: subprocess.Popen, timeout: float = 120) -> Path:

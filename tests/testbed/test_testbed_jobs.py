@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import LOCAL_HOSTS, TINY_JOB, job_environment, step_seconds_to_outlast
-from testbed_support import require_testbed, testbed_factory  # noqa: F401 (a fixture)
+from testbed_support import command_lines, require_testbed, testbed_factory  # noqa: F401 (a fixture)
 
 from transientvod.testbed import cluster
 from transientvod.testbed.rehearsal import Rehearsal, RehearsalError
@@ -241,18 +241,6 @@ def test_rank0_host_vanishes_mid_checkpoint_and_no_partial_checkpoint_is_loaded(
     # one's step again, completely); the newest loads with its checksums verified.
     step_dirs = list(checkpoints.glob("step-*"))
     assert step_dirs and all((d / "manifest.json").exists() for d in step_dirs), step_dirs
-
-
-def command_lines() -> dict[int, str]:
-    """Every process's argv on this machine (all testbed namespaces share its PID namespace)."""
-    lines = {}
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                lines[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue  # it ended meanwhile
-    return lines
 
 
 def test_a_secret_in_the_launchers_environment_reaches_no_command_line_log_or_run(testbed_factory, tmp_path):

@@ -53,15 +53,21 @@ def leftovers(name: str) -> list[str]:
         found.append(str(state_dir(name)))
     if stand_in_dir(name).exists():
         found.append(str(stand_in_dir(name)))
+    found += [f"process {pid}: {line.strip()}" for pid, line in command_lines().items() if f"testbed-{name}/" in line]
+    return found
+
+
+def command_lines() -> dict[int, str]:
+    """Every process's argv on this machine, and so on every testbed host and the head (all
+    testbed namespaces share its PID namespace)."""
+    lines = {}
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
-                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                lines[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
-                continue
-            if f"testbed-{name}/" in cmdline:
-                found.append(f"process {proc.name}: {cmdline.strip()}")
-    return found
+                continue  # it ended meanwhile
+    return lines
 
 
 def mounted_on(path) -> list[str]:
