@@ -97,6 +97,18 @@ class InterruptionNotice:
                        terminate_at=min(ends) if ends else None)
 
 
+def describe_job_instances(ec2, tag_key: str, job_tag: str, states=INSTANCE_STATES) -> list[dict]:
+    """Every instance tagged `tag_key`=`job_tag` in `states`, all pages of DescribeInstances, as
+    EC2 lists them; the caller turns botocore's errors into its own sentence."""
+    filters = [{"Name": f"tag:{tag_key}", "Values": [job_tag]},
+               {"Name": "instance-state-name", "Values": list(states)}]
+    instances = []
+    for page in ec2.get_paginator("describe_instances").paginate(Filters=filters):
+        for reservation in page.get("Reservations", []):
+            instances.extend(reservation.get("Instances", []))
+    return instances
+
+
 def notice_from_event(body: str, now: float) -> InterruptionNotice | None:
     """The notice in one SQS message body: an EventBridge event as EventBridge delivers it
     (or wrapped in an SNS notification). None for an event of another kind; ValueError saying
@@ -264,14 +276,8 @@ class AwsProvider(SpotProvider):
                             self.queue_url, failed.get("Message") or failed.get("Code"))
 
     def _job_instances(self) -> list[dict]:
-        filters = [{"Name": f"tag:{self.tag_key}", "Values": [self.job_tag]},
-                   {"Name": "instance-state-name", "Values": list(INSTANCE_STATES)}]
-        instances = []
         with self._provider_errors("ec2:DescribeInstances"):
-            for page in self._ec2.get_paginator("describe_instances").paginate(Filters=filters):
-                for reservation in page.get("Reservations", []):
-                    instances.extend(reservation.get("Instances", []))
-        return instances
+            return describe_job_instances(self._ec2, self.tag_key, self.job_tag)
 
     def _read_spot_request_notices(self, instances: list[dict], now: float) -> None:
         request_ids = sorted({i["SpotInstanceRequestId"] for i in instances

@@ -60,7 +60,7 @@ from transientvod.billing.budget import (BudgetError, StopVerdict, budget_horizo
                                          stop_verdict)
 from transientvod.billing.meter import billed_seconds
 from transientvod.ending_signals import ending_signals
-from transientvod.spot.aws import FILTER_VALUES_PER_CALL, GONE_STATES, INSTANCE_STATES, aws_error
+from transientvod.spot.aws import FILTER_VALUES_PER_CALL, GONE_STATES, aws_error, describe_job_instances
 from transientvod.spot.fleet_spec import FleetAction, FleetSpec
 from transientvod.spot.job_instances import ended_by
 from transientvod.spot.provider import ProviderError
@@ -311,14 +311,9 @@ class Fleet:
     def _instances(self, now: float) -> list[dict]:
         """Every instance of the job this fleet knows of, as of now: what EC2 lists, what it
         launched and EC2 does not list yet, and what EC2 listed once and has forgotten since."""
-        filters = [{"Name": f"tag:{self.spec.tag_key}", "Values": [self.spec.job_tag]},
-                   {"Name": "instance-state-name", "Values": list(INSTANCE_STATES)}]
-        listed = {}
         with self._aws_errors("ec2:DescribeInstances"):
-            for page in self._ec2.get_paginator("describe_instances").paginate(Filters=filters):
-                for reservation in page.get("Reservations", []):
-                    for instance in reservation.get("Instances", []):
-                        listed[instance["InstanceId"]] = instance
+            listed = {i["InstanceId"]: i
+                      for i in describe_job_instances(self._ec2, self.spec.tag_key, self.spec.job_tag)}
         # A type without a price fails when the fleet bills it, never as a silent zero, but
         # not here: terminate_all must still end such an instance.
         self._seen.update(listed)

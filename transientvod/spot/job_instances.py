@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import botocore.exceptions
 
 from transientvod.aws_clients import aws_client
-from transientvod.spot.aws import FILTER_VALUES_PER_CALL, INSTANCE_STATES, aws_error
+from transientvod.spot.aws import FILTER_VALUES_PER_CALL, INSTANCE_STATES, aws_error, describe_job_instances
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +70,8 @@ class JobInstances:
     def list(self, states=INSTANCE_STATES) -> list[dict]:
         """Every instance of the job in `states`, oldest first (EC2 keeps listing a terminated
         one for about an hour after it ended)."""
-        filters = [{"Name": f"tag:{self.tag_key}", "Values": [self.job_tag]},
-                   {"Name": "instance-state-name", "Values": list(states)}]
-        instances = []
         with self.errors("ec2:DescribeInstances"):
-            for page in self.ec2.get_paginator("describe_instances").paginate(Filters=filters):
-                for reservation in page.get("Reservations", []):
-                    instances.extend(reservation.get("Instances", []))
+            instances = describe_job_instances(self.ec2, self.tag_key, self.job_tag, states)
         return sorted(instances, key=lambda i: (i["LaunchTime"], i["InstanceId"]))
 
     def end_all(self, by: str) -> list[EndedInstance]:
