@@ -268,8 +268,9 @@ class CommitVote:
     cost one round trip on the ring each time; instead the flags (notice, host update) travel
     in an async allreduce (max) while the next step computes, and that step reads them as a
     `Vote`. Rank 0 also puts its budget verdict in each vote it starts (billing/budget.py's stop
-    rule on its cost meter), so that every rank stops at the same step. It runs with notices off too (the notice flag is then always clear), so that a host
-    joins or leaves soon after Horovod tells rank 0, not at the next commit_every.
+    rule on its cost meter), so that every rank stops at the same step. It runs with notices off
+    too (the notice flag is then always clear), so that a host joins or leaves soon after
+    Horovod tells rank 0, not at the next commit_every.
 
     Which steps vote is decided by the votes themselves, so that every rank agrees: each vote
     also carries rank 0's proposal for the next voting step (the others send 0, and max takes

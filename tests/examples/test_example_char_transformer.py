@@ -5,18 +5,15 @@ The job runs the example's own config.yaml, shorter and with a smaller model.
 """
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
-import yaml
+from examples_support import BOTH, assert_survived_a_leave, example_config, load_module, trained_model
 
 from conftest import REPO, explain
 
 pytestmark = pytest.mark.slow
 
 EXAMPLE = REPO / "examples" / "char_transformer"
-BOTH = "localhost:1,127.0.0.1:1"
 STEPS = 300
 # What the model must beat, computed from the task's own text (it differs between Python
 # versions): a model that knew only how often each byte occurs, and one that always guessed
@@ -27,19 +24,8 @@ LOSS_MARGIN = 0.35  # nats per byte below the frequencies' loss
 ACCURACY_MARGIN = 0.03  # above always guessing the most frequent byte
 
 
-def example_config(**overrides) -> dict:
-    """The example's config.yaml as Job sections: its task as an absolute path (the test's copy
-    of the config lives elsewhere), each section updated by `overrides`."""
-    config = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
-    del config["run"]  # Job names the run and its directory
-    config["task"] = str(EXAMPLE / config["task"])
-    for section, values in overrides.items():
-        config[section] = {**config.get(section, {}), **values}
-    return config
-
-
 def test_char_transformer_learns_while_a_host_leaves_and_returns(job):
-    j = job("char", **example_config(
+    j = job("char", **example_config(EXAMPLE,
         task_settings={"text_bytes": 128 * 1024, "context": 32, "width": 32},
         data={"batch_size": 16},
         train={"steps": STEPS, "checkpoint_every": 50, "eval_every": 0}))
@@ -48,25 +34,12 @@ def test_char_transformer_learns_while_a_host_leaves_and_returns(job):
 
     summary = j.summary()
     print("test metrics", summary["test_metrics"])
-    assert summary["steps"] == STEPS
-    assert summary["world_sizes_seen"] == [2, 1, 2]
-    assert summary["steps_lost"] == 0, "a host removed through discovery must not cost steps"
-    assert summary["task"] == str(EXAMPLE / "task.py")
+    assert_survived_a_leave(summary, STEPS, str(EXAMPLE / "task.py"))
 
     # The durable checkpoint at the last step holds the trained model: loaded into the task's
     # own model, it scores the job's test loss here, in one process.
-    from transientvod.checkpoint import open_store
-    from transientvod.config import config_from_yaml
-
-    checkpoint = open_store(j.run_dir / "checkpoints").load_latest()
-    assert checkpoint is not None and checkpoint.step == STEPS
-    config = config_from_yaml(checkpoint.config_yaml, "the checkpoint's config")
-    spec = importlib.util.spec_from_file_location("char_transformer_task", EXAMPLE / "task.py")
-    task = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(task)
-    model = task.build_model(config)
-    model.load_state_dict(checkpoint.state["model"])
-    model.eval()
+    task = load_module("char_transformer_task", EXAMPLE / "task.py")
+    config, model = trained_model(j.run_dir, STEPS, task)
     _, test = task.build_datasets(config)
     inputs, target = torch.utils.data.default_collate([test[i] for i in range(len(test))])
     with torch.no_grad():
