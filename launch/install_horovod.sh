@@ -32,6 +32,10 @@ HOROVOD_VERSION=0.28.1
 PYTHON=${PYTHON:-python}
 CACHE=${TRANSIENTVOD_CACHE:-$HOME/.cache/transientvod}
 
+# WHEEL_PATH_ONLY=1 (`transientvod install-horovod --wheel-path`): stdout carries only the cached
+# wheel's path, for a script that uploads it (fleet --horovod-wheel); all else goes to stderr.
+WHEEL_PATH_ONLY=${WHEEL_PATH_ONLY:-}
+if [ -n "$WHEEL_PATH_ONLY" ]; then exec 3>&1 1>&2; fi
 die() { echo "install_horovod: $*" >&2; exit 1; }
 say() { echo "install_horovod: $*"; }
 
@@ -65,13 +69,17 @@ check_build() {
   [ -z "$GPU_OPS" ] || grep -q '\[X\] NCCL' <<<"$out"
 }
 
-if check_build; then
-  say "Horovod $BUILD_VERSION with PyTorch and Gloo${GPU_OPS:+ and NCCL} is already installed."
-  exit 0
-fi
-
 KEY="horovod-${HOROVOD_VERSION}_torch-${TORCH_VERSION}_cuda-${TORCH_CUDA}_${PY_TAG}${GPU_OPS:+_nccl}_patch-${PATCH_ID}"
 WHEEL_DIR="$CACHE/wheels/$KEY"
+cached_wheel() { ls "$WHEEL_DIR"/horovod-*.whl 2>/dev/null | head -1; }
+
+# Installed already: done, unless the wheel is wanted and was never cached here (a Horovod
+# installed some other way): then it is built below like any missing wheel.
+if check_build && { [ -z "$WHEEL_PATH_ONLY" ] || [ -n "$(cached_wheel)" ]; }; then
+  say "Horovod $BUILD_VERSION with PyTorch and Gloo${GPU_OPS:+ and NCCL} is already installed."
+  [ -z "$WHEEL_PATH_ONLY" ] || cached_wheel >&3
+  exit 0
+fi
 
 # For NCCL operations: the CUDA toolkit (nvcc may be a wrapper outside it), NCCL's header and
 # library, and the architectures of Horovod's few kernels. Exports what Horovod's CMake reads.
@@ -207,3 +215,4 @@ fi
 "$PYTHON" -m pip install --quiet --force-reinstall --no-deps "$WHEEL_DIR"/horovod-*.whl
 check_build || die "Horovod installed but 'horovodrun --check-build' does not show PyTorch and Gloo; see $CACHE/horovod-build.log."
 say "Horovod $BUILD_VERSION is installed with PyTorch and Gloo${GPU_OPS:+ and NCCL}."
+[ -z "$WHEEL_PATH_ONLY" ] || cached_wheel >&3

@@ -155,7 +155,8 @@ def cmd_install_horovod(args) -> int:
     Python's environment: the packaged launch/install_horovod.sh, run with this interpreter."""
     with resources.as_file(INSTALL_HOROVOD) as script:
         try:
-            return subprocess.run(["bash", str(script)], env=dict(os.environ, PYTHON=sys.executable)).returncode
+            env = dict(os.environ, PYTHON=sys.executable, WHEEL_PATH_ONLY="1" if args.wheel_path else "")
+            return subprocess.run(["bash", str(script)], env=env).returncode
         except FileNotFoundError:
             raise ConfigError("install-horovod runs a bash script and bash is not installed; install bash.") from None
 
@@ -611,6 +612,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.set_defaults(func=cmd_doctor)
     install_horovod = sub.add_parser("install-horovod", help="build (cached) and install the patched Horovod "
                                      "for this Python and its torch (HOROVOD_SDIST=FILE: without PyPI)")
+    install_horovod.add_argument("--wheel-path", action="store_true",
+                                 help="print only the cached wheel's path (to upload for fleet --horovod-wheel)")
     install_horovod.set_defaults(func=cmd_install_horovod)
     compare = sub.add_parser("compare", help="compare runs recorded in MLflow: time, cost, accuracy")
     compare.add_argument("runs", nargs="*", metavar="RUN_ID", help="these runs, in this order (default: the experiment's)")

@@ -52,7 +52,8 @@ def local_path(location: str) -> Path:
 
 def head_address(remote: list[str], interface: str = "") -> str:
     """The head's address on the cluster network: that of `interface` if given, else the one
-    this machine's routing uses to reach the first remote host (no packet is sent)."""
+    this machine's routing uses to reach the first remote host (no packet is sent), or with no
+    host listed yet, its default route's, or with no default route, its only address."""
     if interface:
         for address in psutil.net_if_addrs().get(interface, []):
             if address.family == socket.AF_INET:
@@ -66,8 +67,20 @@ def head_address(remote: list[str], interface: str = "") -> str:
             udp.connect((target, 9))  # a UDP connect only picks the route and the source address
             return udp.getsockname()[0]
     except OSError as e:
+        # No default route (a private network's machine), and no host to route to yet: a
+        # machine with one address besides loopback can only be reached there.
+        only = _sole_ipv4_address() if not remote else None
+        if only:
+            return only
         raise RemoteHostsError(f"the launcher finds no route to {remote[0] if remote else 'the hosts'} ({e}); set "
                                "cluster.network_interface to the interface the hosts reach this machine by.") from None
+
+
+def _sole_ipv4_address() -> str | None:
+    """This machine's IPv4 address if it has exactly one outside loopback, else None."""
+    found = {a.address for addresses in psutil.net_if_addrs().values() for a in addresses
+             if a.family == socket.AF_INET and not a.address.startswith("127.")}
+    return found.pop() if len(found) == 1 else None
 
 
 def _sees(host: str, marker: Path) -> bool:

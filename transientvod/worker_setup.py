@@ -71,7 +71,7 @@ def pick_device(config: Config) -> torch.device:
         torch.cuda.set_device(slot)
         return torch.device("cuda", slot)
     # Local slots share the cores: give each an equal part so they don't oversubscribe.
-    threads = config.train.threads_per_worker or max(1, (os.cpu_count() or 1) // hvd.local_size())
+    threads = config.train.threads_per_worker or max(1, usable_cores() // hvd.local_size())
     torch.set_num_threads(threads)
     # The numba kernels have their own thread pool, sized to every core by default: with
     # several workers per machine its threads would fight the other workers' for the cores.
@@ -127,3 +127,12 @@ def report_uncaught_errors(record, script: str) -> None:
             record.close()
 
     sys.excepthook = hook
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: a container's cpuset or a taskset leaves fewer than
+    the machine has (os.cpu_count), and threads beyond them only take turns."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no sched_getaffinity on this platform
+        return os.cpu_count() or 1

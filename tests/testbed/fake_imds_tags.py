@@ -47,13 +47,29 @@ class Handler(BaseHTTPRequestHandler):
         with self.server.lock:
             if self.headers.get("X-aws-ec2-metadata-token") not in self.server.tokens:
                 return self._answer(401)
-        if not self.path.startswith(TAGS_PATH):
-            return self._answer(404)
-        key = self.path[len(TAGS_PATH):]
-        path = self.server.tags_dir / key
-        if "/" in key or not path.is_file():
-            return self._answer(404)
-        self._answer(200, path.read_text())
+        value = self.server.lookup(self.path)
+        self._answer(404) if value is None else self._answer(200, value)
+
+
+def tag_from_dir(tags_dir: Path):
+    """The lookup of a service whose tags are files: <tags dir>/<key>."""
+    def lookup(path: str) -> str | None:
+        if not path.startswith(TAGS_PATH):
+            return None
+        key = path[len(TAGS_PATH):]
+        file = tags_dir / key
+        return file.read_text() if "/" not in key and file.is_file() else None
+    return lookup
+
+
+def metadata_server(address: str, port: int, lookup) -> ThreadingHTTPServer:
+    """The service's HTTP server: IMDSv2 tokens, and `lookup(path)` (None: 404) for every GET
+    that carries one."""
+    server = ThreadingHTTPServer((address, port), Handler)
+    server.daemon_threads = True
+    server.lookup, server.tokens, server.token_puts = lookup, set(), 0
+    server.lock = threading.Lock()
+    return server
 
 
 class FakeImdsTags:
@@ -62,10 +78,7 @@ class FakeImdsTags:
     def __init__(self, address: str, port: int, tags_dir: Path):
         tags_dir.mkdir(parents=True, exist_ok=True)
         self.tags_dir = tags_dir
-        self.server = ThreadingHTTPServer((address, port), Handler)
-        self.server.daemon_threads = True
-        self.server.tags_dir, self.server.tokens, self.server.token_puts = tags_dir, set(), 0
-        self.server.lock = threading.Lock()
+        self.server = metadata_server(address, port, tag_from_dir(tags_dir))
         self.url = f"http://{address}:{self.server.server_address[1]}"
 
     @property

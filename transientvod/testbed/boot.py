@@ -6,12 +6,19 @@ the script's doing, with the script's key. The hosts of a testbed share this mac
 the script runs in a mount namespace of its own, where what a VM has to itself and the script
 writes to is private: /run and /var/log are empty tmpfs (sshd's pid file and privilege
 separation directory, no systemd, so the script starts sshd itself; the join log), and /root
-(the SSH user's home) is a tmpfs too, with each of the machine's own entries but .ssh
-bind-mounted back into it: the script's authorized_keys stay in the tmpfs, while the
-machine's Python (which lives under /root here) and shell start-up files are the real ones. (An
+(the SSH user's home) is a tmpfs too, with each of the machine's own entries bind-mounted back
+into it but .ssh and the shell's start-up files: the script's authorized_keys stay in the
+tmpfs, and the machine's Python (which lives under /root here) is the real one. Its start-up
+files are not a new VM's: here they set up pyenv, whose every login takes a lock in the
+shared /root/.pyenv, and a host that vanishes while a login holds it leaves the lock behind,
+so that every later login on this machine waits a minute for it. (An
 overlay over /root would not do: other sessions of this machine keep changing its files, which
 overlayfs does not allow under a mounted overlay.) Those mounts live as long as the host's
 processes; `down` kills them with the host's namespace, and nothing is left on the disk.
+A VM has cores of its own, while the hosts of a testbed share this machine's: the script runs
+pinned to one of them (the host's number, modulo how many there are), and so does everything
+it starts (sshd, and the workers horovodrun starts through it), so two booted hosts do not
+each size their threads to the whole machine and take turns on it.
 The rest of the file system (the venv, the
 repository, /etc/ssh's host keys and sshd_config) is the machine's, as a baked image's would be,
 except the testbed's private disks (`up --private-disk DIR`): each is an empty tmpfs here too, as
@@ -26,6 +33,7 @@ in the testbed's directory under /run, which the host's private /run covers; `do
 """
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
@@ -44,7 +52,8 @@ mkdir /run/.machine-root && mount --bind /root /run/.machine-root
 mount -t tmpfs -o mode=700 tmpfs /root
 for entry in /run/.machine-root/* /run/.machine-root/.[!.]*; do
   name=${entry##*/}
-  [ "$name" = .ssh ] || [ ! -e "$entry" ] && continue
+  case "$name" in .ssh|.bashrc|.profile|.bash_profile|.bash_login|.bash_logout) continue ;; esac
+  [ -e "$entry" ] || continue
   if [ -d "$entry" ]; then mkdir "/root/$name"; else touch "/root/$name"; fi
   mount --bind "$entry" "/root/$name"
 done
@@ -68,7 +77,7 @@ def boot(name: str, host_name: str, script: Path, timeout: float = BOOT_TIMEOUT_
     stand_ins = shutdown_stand_ins(name)
     sshd.stop(record.directory, host)
     # The private disks after PRIVATE_MOUNTS: one under /root or /run then covers the tmpfs there.
-    argv = ["ip", "netns", "exec", host.name, "unshare", "--uts", "--mount", "--propagation", "private", "--",
+    argv = ["ip", "netns", "exec", host.name, "taskset", "--cpu-list", str(own_core(record.layout, host)), "unshare", "--uts", "--mount", "--propagation", "private", "--",
             "sh", "-ec", f'hostname "$0"\n{PRIVATE_MOUNTS}\nscript=$1 && shift\n{sshd.PRIVATE_DISK_MOUNTS}\n'
             f'PATH={shlex.quote(str(stand_ins))}:"$PATH"; export PATH\nexec bash "$script"', host.name, str(script),
             *record.private_disk]
@@ -84,6 +93,12 @@ def boot(name: str, host_name: str, script: Path, timeout: float = BOOT_TIMEOUT_
     if known_hosts.exists():
         subprocess.run(["ssh-keygen", "-R", host.name, "-f", str(known_hosts)], capture_output=True, timeout=30)
     return output
+
+
+def own_core(layout, host) -> int:
+    """The core a booted host runs on: hosts in turn over this machine's cores."""
+    cores = sorted(os.sched_getaffinity(0))
+    return cores[layout.hosts.index(host) % len(cores)]
 
 
 def stand_in_dir(name: str) -> Path:
