@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO
 
 MKDOCS = Path(sys.executable).parent / "mkdocs"
@@ -70,3 +72,29 @@ def test_the_configuration_reference_names_every_key_of_the_schema():
             assert f"| `{section.name}` |" in page, section.name
     assert "| `exchange.staleness` | `0` |" in page
     assert "| `spot.time_scale` | `60.0` |" in page
+
+
+def test_the_results_page_tables_are_what_their_json_renders_to():
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "render_results.py"), "--check"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    page = (REPO / "docs" / "results.md").read_text()
+    marked = page.count("<!-- results: ")
+    assert marked >= 7 and marked == page.count("<!-- /results -->")
+    assert "```\ncodec" not in page  # the exchange tables come from JSON, not from text blocks
+
+
+def test_a_figure_edited_on_the_page_by_hand_is_caught(tmp_path, monkeypatch):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import render_results
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    page = (REPO / "docs" / "results.md").read_text()
+    assert render_results.render(page) == page
+    edited = page.replace("| none | 0 | 10.48 | 3.36 |", "| none | 0 | 10.48 | 3.96 |", 1)
+    assert edited != page
+    assert render_results.render(edited) == page  # rendering puts the JSON's figure back
+    monkeypatch.setattr(render_results, "RESULTS", tmp_path)
+    with pytest.raises(render_results.ResultsError, match="not in benchmarks/results/"):
+        render_results.render(page)
