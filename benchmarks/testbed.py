@@ -29,7 +29,8 @@ beside the job, as a loaded machine's other work would be.
   comes after the job, with notices on (a watcher on every worker) and off (`spot.notices:
   false`: no watcher), alternating, `--repeat` times each. Goal: on within 2 % of off. (The
   ring votes either way, since the vote also carries host updates; it was measured with the
-  vote on one side only, at 0.991, when it voted every step: see the README.)
+  vote on one side only, at 0.991, when it voted every step: docs/results.md, "Notices, the
+  commit vote and checkpoints".)
 
 steps/s leave out start-up: they are (last step - step 50) over the time between the two
 metrics rows. Job directories are kept under --out (log, events, metrics).

@@ -1,6 +1,6 @@
 """.venv/bin/python docs/mlflow_screenshot.py --backend-store-uri sqlite:///runs/mlflow.db --out docs/mlflow-compare.png --height 2300
 
-makes the README's screenshot of MLflow's run-compare view: it serves the store with
+makes the screenshot of MLflow's run-compare view on the cost page (docs/cost.md): it serves the store with
 `mlflow server` on 127.0.0.1, opens the compare view of the experiment's newest runs (at most
 10; `--runs ID ...` picks them, `--experiment` another experiment) in headless Chromium and
 prints the PNG's path. tests/tracking/test_mlflow_ui.py uses the same pieces to read a run's page.

@@ -142,7 +142,7 @@ def test_single_server_costs_with_the_parameter_server_would_miss(reference_read
 
 
 # (cluster size, revocations, time or cost) whose published overhead the model does not
-# reproduce within 5 points, and why (README, planner section). With 8 async workers the
+# reproduce within 5 points, and why (the planner's docs page). With 8 async workers the
 # model's revoked server stops costing and its loss barely slows the other 7, so losing one
 # lowers the study's cost a little; the study measured +5.4 % for two revocations. The trace
 # holds a single 8-K80 run with two revocations (spot8-us-east1-c-run5, 2,745 s of uptime
@@ -221,7 +221,7 @@ def test_a_growing_on_demand_cluster_trains_segment_by_segment(simulator):
 def test_the_studys_dynamic_cluster(reference_readme, simulator):
     """Transient K80s with the study's PS, revocations from the K80 lifetimes (no trace covers a
     growing cluster): 45 % faster (study 40.8 %) but 15 % cheaper (study 21.5 %), the cost not
-    reproduced within 5 points (README: the added servers' hours cost more than the PS hours
+    reproduced within 5 points (the planner's docs page: the added servers' hours cost more than the PS hours
     saved, unless the study's baseline or billing differed in a way its data does not show)."""
     from transientvod.planner.study_tables import published_dynamic_cluster
 

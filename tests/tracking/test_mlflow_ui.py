@@ -78,7 +78,7 @@ def test_run_page_shows_the_logged_metric(two_runs, served):
 def test_compare_screenshot_is_a_png_of_the_requested_size(two_runs, tmp_path, capsys):
     uri, _ = two_runs
     out = tmp_path / "shots" / "compare.png"
-    # No --runs: the experiment's newest runs, as for the README, which are these two.
+    # No --runs: the experiment's newest runs, as for the cost page's screenshot, which are these two.
     argv = ["--backend-store-uri", uri, "--out", str(out), "--width", "1200", "--height", "700"]
     assert mlflow_screenshot.main(argv) == 0, capsys.readouterr().err
     assert capsys.readouterr().out.strip() == str(out)
