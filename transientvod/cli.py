@@ -631,9 +631,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="comma-separated: elastic (this project), study (async PS, master fatal), restart")
     simulate.add_argument("--revocations", default="trace", choices=("trace", "lifetimes"),
                           help="replay the study's K80 cluster traces, or draw from its VM lifetimes")
-    simulate.add_argument("--revocation-rate", metavar="PERCENT",
-                          help="a cloud without traces: servers interrupted a month, a band (5-10, <5, >20) as "
-                               "EC2's Spot Instance Advisor gives; replaces --revocations")
+    simulate.add_argument("--revocation-rate", metavar="BAND",
+                          help="a cloud without traces: servers interrupted a month, one of the bands EC2's Spot "
+                               "Instance Advisor publishes (<5, 5-10, 10-15, 15-20, >20); replaces --revocations")
     simulate.add_argument("--trace", metavar="CSV", help="replay your own trace (VM_name,Uptime,Revoked) instead of the study's")
     simulate.add_argument("--runs", type=int, default=10000, help="Monte Carlo runs per configuration")
     simulate.add_argument("--no-notices", action="store_true", help="revocations come without notice")
