@@ -565,9 +565,10 @@ def add_workload_arguments(parser) -> None:
     parser.add_argument("--steps", type=int, default=64000, help="training steps of the job (default: the study's 64K)")
     parser.add_argument("--speed", action="append", default=[], metavar="GPU=STEPS_PER_S",
                         help="measured steps/s of one server of a type (k80 is calibrated from the study)")
-    parser.add_argument("--speed-from-run", action="append", default=[], metavar="[GPU=]RUN_ID",
-                        help="one server's steps/s from a run logged in MLflow (default GPU: the first asked for)")
-    parser.add_argument("--tracking-uri", help="the MLflow store of --speed-from-run (default: the project's)")
+    parser.add_argument("--speed-from-run", action="append", default=[], metavar="[GPU=]RUN",
+                        help="steps/s at every world size from a run: its directory (runs/NAME) or its MLflow run "
+                             "id (default GPU: the first asked for); --steps then counts that run's batches")
+    parser.add_argument("--tracking-uri", help="the MLflow store of a --speed-from-run run id (default: the project's)")
     parser.add_argument("--replacement-delay", type=float, default=float("inf"), metavar="SECONDS",
                         help="a revoked server is replaced after this long (default: never)")
     parser.add_argument("--parameter-servers", type=int, default=None,

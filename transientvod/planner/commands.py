@@ -87,31 +87,35 @@ def count_is_signed(item: str) -> bool:
     return item.partition(":")[2].strip().startswith("+")
 
 
-def speeds_from_runs(items: list[str], default_gpu: str, tracking_uri: str | None) -> dict[str, float]:
-    """--speed-from-run [GPU=]RUN_ID: one server's steps/s from a logged run (run_speed.py);
-    without GPU= it calibrates the first GPU type asked for."""
+def speeds_from_runs(items: list[str], default_gpu: str, tracking_uri: str | None) -> dict:
+    """--speed-from-run [GPU=]RUN: the speed of every world size from a logged run (run_speed.py),
+    RUN a run directory (runs/NAME) or an MLflow run id in --tracking-uri's store; without GPU=
+    it calibrates the first GPU type asked for."""
     if not items:
         return {}
-    from transientvod.planner.run_speed import speed_from_run
+    from transientvod.planner.run_speed import measured_model, run_in_directory, speeds_by_size
     from transientvod.planner.speed import calibrate_k80
     from transientvod.tracking.store import store_uri
 
     k80 = calibrate_k80()
     shape = k80.steps_per_second / k80.steps_per_second[1]
-    uri = store_uri(tracking_uri or "")
-    speeds = {}
+    models = {}
     for item in items:
-        gpu, sep, run_id = item.partition("=")
-        gpu, run_id = (gpu_type(gpu), run_id.strip()) if sep else (default_gpu, gpu.strip())
-        speeds[gpu], source = speed_from_run(uri, run_id, shape)
-        print(f"{gpu}: {source}")
-    return speeds
+        gpu, sep, run = item.partition("=")
+        gpu, run = (gpu_type(gpu), run.strip()) if sep else (default_gpu, gpu.strip())
+        if "/" in run or Path(run).is_dir():  # a run directory; a run id is 32 hex digits
+            uri, run_id = run_in_directory(run)
+        else:
+            uri, run_id = store_uri(tracking_uri or ""), run
+        measured, source = speeds_by_size(uri, run_id)
+        models[gpu] = measured_model(gpu, measured, shape, source)
+        print(models[gpu].source)
+    return models
 
 
 def workload_from(args, default_gpu: str) -> Workload:
-    speeds = parse_speeds(args.speed)
-    speeds.update(speeds_from_runs(args.speed_from_run, default_gpu, args.tracking_uri))
-    return Workload(steps=args.steps, single_worker_steps_per_s=speeds,
+    return Workload(steps=args.steps, single_worker_steps_per_s=parse_speeds(args.speed),
+                    speed_models=speeds_from_runs(args.speed_from_run, default_gpu, args.tracking_uri),
                     commit_every=args.commit_every, checkpoint_every=args.checkpoint_every)
 
 

@@ -70,6 +70,9 @@ class Workload:
     # Steps/s of ONE server of a type, overriding the study's (K80 calibrated on its runs,
     # P100 and V100 from its single-server times).
     single_worker_steps_per_s: dict = field(default_factory=dict)
+    # Steps/s for every size of a type (GPU -> SpeedModel), measured on a run of this project
+    # (run_speed.py); overrides both of the above.
+    speed_models: dict = field(default_factory=dict)
     commit_every: int = 50  # elastic: at most this many steps lost without a notice
     checkpoint_every: int = 500  # restart: at most this many steps lost per revocation
 
@@ -195,7 +198,10 @@ class Simulator:
         self._speeds = {}
 
     def speed(self, gpu: str) -> SpeedModel:
-        """The override (--speed) if given, else the study's speed of that type."""
+        """A run's measured speeds (--speed-from-run) or the override (--speed) if given, else the
+        study's speed of that type."""
+        if gpu in self.workload.speed_models:
+            return self.workload.speed_models[gpu]
         if gpu in self.workload.single_worker_steps_per_s:
             return scaled(self._k80, gpu, self.workload.single_worker_steps_per_s[gpu])
         if gpu not in self._speeds:
