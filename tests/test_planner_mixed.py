@@ -106,7 +106,7 @@ def test_one_type_written_as_a_mix_is_the_plain_cluster():
 
 
 @pytest.mark.parametrize("workers, fragment", [
-    ("k80:2,a100:2", "GPU type 'a100' is unknown"),
+    ("k80:2,a100:2", "GPU or instance type 'a100' is unknown; the planner knows AWS families"),
     ("k80:2,p100:-1", "has -1 servers"),
     ("k80:2,p100", "must look like p100:2"),
 ])

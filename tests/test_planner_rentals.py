@@ -82,7 +82,7 @@ def test_unknown_types_name_the_known_families(name):
     with pytest.raises(PlanError) as raised:
         check_known(name)
     message = str(raised.value)
-    assert message.startswith(f"instance type {name!r} is unknown; the planner knows AWS families")
+    assert message.startswith(f"GPU or instance type {name!r} is unknown; the planner knows AWS families")
     assert all(family in message for family in AWS_FAMILIES) and "a3-highgpu-8g" in message
     assert message.endswith("the study's k80, p100, v100.") and "\n" not in message  # one sentence
 
@@ -95,3 +95,55 @@ def test_gce_machine_types_from_the_dated_table():
     assert rentals["a3-highgpu-8g"].spot.usd_per_hour == GCE_MACHINE_TYPES["a3-highgpu-8g"][3]
     assert all(f"dated {GCE_TABLE_DATE}" in line for line in notes if not line.startswith("warning"))
     assert sum(line.startswith("warning") and "days old (2024-06-01)" in line for line in notes) == 6
+
+
+# ---- simulate and plan with today's types, prices from moto -------------------------------------
+
+def transientvod(*args):
+    import subprocess
+
+    from conftest import REPO, TRANSIENTVOD
+
+    return subprocess.run(TRANSIENTVOD + list(args), capture_output=True, text=True, timeout=300, cwd=REPO)
+
+
+def test_simulate_prices_an_aws_instance_from_ec2(moto):
+    url, _ = moto
+    done = transientvod("simulate", "--gpu", "g5.xlarge", "--workers", "2", "--market", "on-demand,spot",
+                        "--speed", "g5.xlarge=10", "--steps", "36000", "--runs", "10", "--endpoint-url", url,
+                        "--revocation-rate", "5-10")
+    assert done.returncode == 0, done.stderr
+    assert "g5.xlarge: 1 x A10G (DescribeInstanceTypes); on-demand $1.006/h" in done.stdout
+    assert "warning: the spot price of g5.xlarge is" in done.stdout
+    rows = {line.split()[3]: line.split() for line in done.stdout.splitlines() if line.startswith("2 x g5.xlarge")}
+    time_h, cost = float(rows["on-demand"][7]), float(rows["on-demand"][10])  # after "2 x g5.xlarge on-demand (elastic)"
+    assert cost == pytest.approx(time_h * 2 * 1.006, abs=0.01)  # 2 instances at the table's price
+    assert float(rows["spot"][10]) == 0.0  # moto's $0.00001 an hour
+
+
+def test_plan_over_todays_types(moto):
+    url, _ = moto
+    done = transientvod("plan", "--budget", "20", "--gpus", "g5.xlarge,a2-highgpu-1g", "--speed", "g5.xlarge=10",
+                        "--speed", "a2-highgpu-1g=25", "--revocation-rate", "<5", "--max-workers", "3", "--runs",
+                        "200", "--endpoint-url", url)
+    assert done.returncode == 0, done.stderr
+    assert "revocations from an interruption rate of 0-5 % a month" in done.stdout and " wins: " in done.stdout
+    assert "a2-highgpu-1g: 1 x A100; on-demand $3.6734/h (built-in us-central1 table, dated 2024-06-01)" in done.stdout
+
+
+@pytest.mark.parametrize("args, sentence", [
+    (["--gpu", "g5.xlarge", "--speed", "g5.xlarge=10"], "g5.xlarge has no revocation traces or lifetimes"),
+    (["--gpu", "g5.xlarge", "--revocation-rate", "5-10"], "no speed is known for g5.xlarge"),
+    (["--gpu", "m5.xlarge"], "GPU or instance type 'm5.xlarge' is unknown; the planner knows AWS families g4dn"),
+    (["--gpu", "g5.xlarge", "--speed", "g5.xlarge=10", "--revocation-rate", "5-10", "--region", "af-south-1",
+      "--prices", "PRICES"], "spot price history for g5.xlarge in af-south-1 is empty"),
+])
+def test_bad_input_is_one_sentence(moto, tmp_path, args, sentence):
+    url, _ = moto
+    prices = tmp_path / "prices.csv"
+    prices.write_text("instance_type,on_demand_usd_per_hour\ng5.xlarge,1.1\n")
+    done = transientvod("simulate", "--workers", "2", "--runs", "10", "--endpoint-url", url,
+                        *[str(prices) if a == "PRICES" else a for a in args])
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and sentence in lines[0] and "Traceback" not in done.stderr, done.stderr

@@ -112,7 +112,7 @@ def test_plan_picks_the_fastest_configuration_within_the_budget():
     (["simulate", "--schedule", "70000:+1"], "at step 70000, but the job has only 64000 steps"),
     (["simulate", "--schedule", "16000:-1"], "a schedule only adds servers"),
     (["simulate", "--schedule", "16000"], "must look like 16000:+1"),
-    (["simulate", "--speed", "a100=3"], "GPU type 'a100' is unknown"),
+    (["simulate", "--speed", "a100=3"], "GPU or instance type 'a100' is unknown; the planner knows AWS families"),
     (["simulate", "--workers", "3"], "--revocations lifetimes"),
 ])
 def test_bad_planner_input_is_one_sentence(args, fragment):

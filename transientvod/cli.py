@@ -569,6 +569,13 @@ def add_workload_arguments(parser) -> None:
                         help="steps/s at every world size from a run: its directory (runs/NAME) or its MLflow run "
                              "id (default GPU: the first asked for); --steps then counts that run's batches")
     parser.add_argument("--tracking-uri", help="the MLflow store of a --speed-from-run run id (default: the project's)")
+    parser.add_argument("--region", default="us-east-1",
+                        help="AWS instance types (g4dn, g5, g6, p3, p4d, p5): the region of the spot prices")
+    parser.add_argument("--endpoint-url", help="the EC2 endpoint to ask for prices and GPU counts (default: AWS's)")
+    parser.add_argument("--price-days", type=float, default=7.0, metavar="DAYS",
+                        help="days of EC2 spot price history to read (default 7)")
+    parser.add_argument("--prices", metavar="CSV",
+                        help="on-demand prices (instance_type,on_demand_usd_per_hour) over the built-in tables")
     parser.add_argument("--replacement-delay", type=float, default=float("inf"), metavar="SECONDS",
                         help="a revoked server is replaced after this long (default: never)")
     parser.add_argument("--parameter-servers", type=int, default=None,
@@ -624,7 +631,8 @@ def build_parser() -> argparse.ArgumentParser:
                          f"sqlite:///{DEFAULT_OUTPUT_DIR}/mlflow.db)")
     compare.set_defaults(func=cmd_compare)
     simulate = sub.add_parser("simulate", help="predict time, cost and failure of clusters from real revocations")
-    simulate.add_argument("--gpu", default="k80", help="comma-separated GPU types (k80, p100, v100)")
+    simulate.add_argument("--gpu", default="k80",
+                          help="comma-separated GPU types (k80, p100, v100) or instance types (g5.xlarge, ...)")
     simulate.add_argument("--workers", default="4",
                           help="comma-separated cluster sizes, or one mixed cluster as GPU:COUNT,... (k80:2,p100:2)")
     simulate.add_argument("--market", default="spot", help="comma-separated: spot, on-demand")
@@ -646,7 +654,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="search clusters for a budget or a deadline")
     plan.add_argument("--budget", type=float, metavar="DOLLARS")
     plan.add_argument("--deadline", type=float, metavar="HOURS")
-    plan.add_argument("--gpus", default="k80", help="comma-separated GPU types to consider")
+    plan.add_argument("--gpus", default="k80",
+                      help="comma-separated GPU or instance types to consider (k80, g5.xlarge, a2-highgpu-1g, ...)")
+    plan.add_argument("--revocation-rate", metavar="BAND",
+                      help="revocations from a Spot Instance Advisor band (<5, 5-10, 10-15, 15-20, >20) instead of "
+                           "the study's lifetimes; needed for today's instance types")
     plan.add_argument("--markets", default="spot,on-demand", help="comma-separated markets to consider")
     plan.add_argument("--max-workers", type=int, default=8)
     plan.add_argument("--mixed", action="store_true", help="also consider clusters of two GPU types (--gpus)")

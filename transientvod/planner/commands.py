@@ -7,12 +7,14 @@
 from __future__ import annotations
 
 import csv
+import logging
 import math
 from pathlib import Path
 
 from transientvod.planner.rate_band import parse_band
 from transientvod.planner.scenario import Cluster, Outcome, Simulator, Workload
-from transientvod.planner.study_data import PlanError, gpu_type
+from transientvod.planner.rentals import server_type
+from transientvod.planner.study_data import PlanError
 
 # "time h" and "cost $" are the cloud's: wall time and bill from renting the servers, their
 # provisioning included. "train h" and "study $" are the study's measure: training time, and
@@ -40,7 +42,7 @@ def parse_speeds(items: list[str]) -> dict[str, float]:
     speeds = {}
     for item in items:
         gpu, _, value = item.partition("=")
-        gpu = gpu_type(gpu)  # an unknown type is its own sentence
+        gpu = server_type(gpu)  # an unknown type is its own sentence
         try:
             speeds[gpu] = float(value)
         except ValueError:
@@ -59,7 +61,7 @@ def parse_mix(text: str) -> tuple:
             raise PlanError(f"--workers entry {item.strip()!r} must look like p100:2 (GPU type:servers).") from None
         if count < 1:
             raise PlanError(f"--workers entry {item.strip()!r} has {count} servers; give 1 or more of each type.")
-        mix.append((gpu_type(gpu), count))
+        mix.append((server_type(gpu), count))
     return tuple(mix)
 
 
@@ -102,7 +104,7 @@ def speeds_from_runs(items: list[str], default_gpu: str, tracking_uri: str | Non
     models = {}
     for item in items:
         gpu, sep, run = item.partition("=")
-        gpu, run = (gpu_type(gpu), run.strip()) if sep else (default_gpu, gpu.strip())
+        gpu, run = (server_type(gpu), run.strip()) if sep else (default_gpu, gpu.strip())
         if "/" in run or Path(run).is_dir():  # a run directory; a run id is 32 hex digits
             uri, run_id = run_in_directory(run)
         else:
@@ -117,6 +119,33 @@ def workload_from(args, default_gpu: str) -> Workload:
     return Workload(steps=args.steps, single_worker_steps_per_s=parse_speeds(args.speed),
                     speed_models=speeds_from_runs(args.speed_from_run, default_gpu, args.tracking_uri),
                     commit_every=args.commit_every, checkpoint_every=args.checkpoint_every)
+
+
+def rentals_from(args, types) -> dict:
+    """Today's rented types among `types`, priced (rentals.py); the prices, their sources and
+    any warning of their age printed first."""
+    from transientvod.planner.rentals import rent
+    from transientvod.planner.study_data import GPU_TYPES
+
+    rented = sorted({t for t in types if t not in GPU_TYPES})
+    if not rented:
+        return {}
+    table = None
+    if args.prices:
+        from transientvod.billing.prices import PriceError, load_price_table
+
+        try:
+            table = load_price_table(args.prices)
+        except PriceError as e:
+            raise PlanError(str(e)) from None
+    if not args.price_days > 0:
+        raise PlanError(f"--price-days is {args.price_days}; give a positive number of days of spot price history.")
+    # The CLI logs at INFO; botocore's "Found credentials in ..." would sit among the prices.
+    logging.getLogger("botocore.credentials").setLevel(logging.WARNING)
+    rentals, notes = rent(rented, args.region, args.endpoint_url, days=args.price_days, on_demand_prices=table)
+    for line in notes:
+        print(line)
+    return rentals
 
 
 def format_rows(rows: list[dict], columns=COLUMNS) -> str:
@@ -155,7 +184,7 @@ def run_simulate(args) -> int:
     else:
         shapes = [{"gpu": gpu, "workers": workers} for gpu in parse_list(args.gpu, "--gpu")
                   for workers in parse_list(args.workers, "--workers", int)]
-        first_gpu = gpu_type(shapes[0]["gpu"])
+        first_gpu = server_type(shapes[0]["gpu"])
     workload = workload_from(args, first_gpu)
     clusters = [Cluster(**shape, market=market, system=system, replacement_delay_s=args.replacement_delay,
                         notices=not args.no_notices, parameter_servers=args.parameter_servers,
@@ -164,8 +193,9 @@ def run_simulate(args) -> int:
                 for system in parse_list(args.system, "--system")]
     band = parse_band(args.revocation_rate) if args.revocation_rate is not None else None
     revocations = "rate" if band is not None else args.revocations
+    rentals = rentals_from(args, {gpu for cluster in clusters for gpu in cluster.slot_gpus})
     simulator = Simulator(workload, seed=args.seed, recovery_s=args.recovery_seconds, trace_path=args.trace,
-                          revocation_rate=band)
+                          revocation_rate=band, rentals=rentals)
     rows = [simulator.run(cluster, args.runs, revocations).stats() for cluster in clusters]
     source = (f"an interruption rate of {band.label} (exponential lives; no trace)" if band is not None
               else "the study's VM lifetimes" if args.revocations == "lifetimes"
@@ -210,15 +240,18 @@ def run_plan(args) -> int:
         raise PlanError(f"{'--budget' if args.budget is not None else '--deadline'} is {limit}; it must be positive.")
     if not 0 <= args.risk < 1:
         raise PlanError(f"--risk is {args.risk}; give the largest acceptable chance of failing, from 0 to below 1.")
-    workload = workload_from(args, gpu_type(parse_list(args.gpus, "--gpus")[0]))
-    simulator = Simulator(workload, seed=args.seed, recovery_s=args.recovery_seconds)
+    gpus = [server_type(g) for g in parse_list(args.gpus, "--gpus")]
+    workload = workload_from(args, gpus[0])
+    band = parse_band(args.revocation_rate) if args.revocation_rate is not None else None
+    revocations = "rate" if band is not None else "lifetimes"
+    simulator = Simulator(workload, seed=args.seed, recovery_s=args.recovery_seconds, revocation_rate=band,
+                          rentals=rentals_from(args, gpus))
     candidates = []
-    gpus = [gpu_type(g) for g in parse_list(args.gpus, "--gpus")]
     for shape in cluster_shapes(gpus, args.max_workers, args.mixed):
         for market in parse_list(args.markets, "--markets"):
             cluster = Cluster(**shape, market=market, system=args.system, replacement_delay_s=args.replacement_delay,
                               parameter_servers=args.parameter_servers, staleness_speedup=args.staleness_speedup)
-            outcome = simulator.run(cluster, args.runs, "lifetimes")
+            outcome = simulator.run(cluster, args.runs, revocations)
             row = outcome.stats()
             row["risk_pct"] = 100.0 * risk(outcome, args.budget, args.deadline)
             candidates.append(row)
@@ -232,8 +265,9 @@ def run_plan(args) -> int:
                         f"the safest, {safest['configuration']}, has {safest['risk_pct']:.0f} %; "
                         f"raise the {'budget' if by_budget else 'deadline'} or --max-workers, or accept more risk.")
     columns = COLUMNS[:1] + (("risk %", "risk_pct", ".1f"),) + COLUMNS[1:]
-    print(f"{len(candidates)} configurations, {args.runs} simulated runs each (revocations from the study's "
-          f"lifetimes); risk = chance of failing or {what}:")
+    source = f"an interruption rate of {band.label}" if band is not None else "the study's lifetimes"
+    print(f"{len(candidates)} configurations, {args.runs} simulated runs each (revocations from {source}); "
+          f"risk = chance of failing or {what}:")
     print(format_rows(fits[:args.top], columns), end="")
     print(why_the_winner_wins(fits, candidates, goal, by_budget, what, args.risk))
     return 0

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from transientvod.planner.study_data import PlanError
+from transientvod.planner.study_data import GPU_TYPES, PlanError
 
 STALE_DAYS = 7  # a price older than this gets a warning naming its age
 DAY_S = 86400.0
@@ -95,8 +95,14 @@ def cloud_of(name: str) -> str | None:
 def check_known(name: str) -> str:
     name = str(name).strip().lower()
     if cloud_of(name) is None:
-        raise PlanError(f"instance type {name!r} is unknown; the planner knows {KNOWN}.")
+        raise PlanError(f"GPU or instance type {name!r} is unknown; the planner knows {KNOWN}.")
     return name
+
+
+def server_type(name: str) -> str:
+    """A server type the planner can simulate: one of the study's GPUs or a known rented type."""
+    name = str(name).strip().lower()
+    return name if name in GPU_TYPES else check_known(name)
 
 
 def _date(text: str) -> float:

@@ -137,7 +137,9 @@ def scaled(model: SpeedModel, gpu: str, single_worker_steps_per_second: float) -
     way K80s did. Faster GPUs load the one parameter server harder, so the true curve
     probably bends sooner: read the result as optimistic for large k.
     """
-    gpu = gpu_type(gpu)
+    from transientvod.planner.rentals import server_type
+
+    gpu = server_type(gpu)
     speed = single_worker_steps_per_second
     if isinstance(speed, bool) or not isinstance(speed, (int, float, np.integer, np.floating)) \
             or not (math.isfinite(speed) and speed > 0):
