@@ -116,7 +116,8 @@ def test_simulate_prices_an_aws_instance_from_ec2(moto):
     assert "g5.xlarge: 1 x A10G (DescribeInstanceTypes); on-demand $1.006/h" in done.stdout
     assert "warning: the spot price of g5.xlarge is" in done.stdout
     rows = {line.split()[3]: line.split() for line in done.stdout.splitlines() if line.startswith("2 x g5.xlarge")}
-    time_h, cost = float(rows["on-demand"][7]), float(rows["on-demand"][10])  # after "2 x g5.xlarge on-demand (elastic)"
+    # Columns after the five words of "2 x g5.xlarge on-demand (elastic)": fail %, revocations, time h, ...
+    time_h, cost = float(rows["on-demand"][7]), float(rows["on-demand"][10])
     assert cost == pytest.approx(time_h * 2 * 1.006, abs=0.01)  # 2 instances at the table's price
     assert float(rows["spot"][10]) == 0.0  # moto's $0.00001 an hour
 
@@ -147,3 +148,19 @@ def test_bad_input_is_one_sentence(moto, tmp_path, args, sentence):
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and sentence in lines[0] and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_runs_ranks_make_up_multi_gpu_instances():
+    """--speed-from-run counts ranks (one a GPU): k instances of 4 GPUs train as 4k ranks did."""
+    import numpy as np
+
+    from transientvod.planner.rentals import Price, Rental
+    from transientvod.planner.scenario import Simulator, Workload
+    from transientvod.planner.speed import SpeedModel
+
+    ranks = SpeedModel("g4dn.12xlarge", np.arange(17) * 2.0, "measured")  # 2 steps/s a rank, 0..16 ranks
+    price = Price(3.912, NOW, "test")
+    simulator = Simulator(Workload(speed_models={"g4dn.12xlarge": ranks}),
+                          rentals={"g4dn.12xlarge": Rental("g4dn.12xlarge", "aws", "T4", 4, price, price)})
+    instances = simulator.speed("g4dn.12xlarge")
+    assert instances.max_workers == 4 and list(instances.steps_per_second) == [0.0, 8.0, 16.0, 24.0, 32.0]
