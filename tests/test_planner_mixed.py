@@ -123,7 +123,7 @@ def test_plan_considers_mixed_clusters():
     shapes = cluster_shapes(["k80", "p100", "v100"], 6, mixed=True)
     assert len(shapes) == 3 * 6 + 3 * (1 + 2 + 3 + 4 + 5)  # every size of each type, every split of each pair
     assert {"mix": (("k80", 1), ("v100", 5))} in shapes and len(cluster_shapes(["k80"], 6, mixed=True)) == 6
-    done = transientvod("plan", "--deadline", "0.6", "--gpus", "k80,p100,v100", "--system", "study",
+    done = transientvod("plan", "--figure", "", "--deadline", "0.6", "--gpus", "k80,p100,v100", "--system", "study",
                         "--max-workers", "6", "--mixed", "--runs", "500", "--top", "20")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("126 configurations"), done.stdout

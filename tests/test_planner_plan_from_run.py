@@ -65,7 +65,8 @@ def test_simulate_trains_at_the_runs_speed_for_each_size(calibration_run):
 
 
 def test_plan_from_the_run_directory(calibration_run):
-    done = transientvod("plan", "--budget", "50", "--gpus", "k80", "--max-workers", "4", "--runs", "200",
+    done = transientvod("plan", "--figure", "", "--budget", "50", "--gpus", "k80", "--max-workers", "4",
+                        "--runs", "200",
                         "--steps", str(STEPS), "--speed-from-run", str(calibration_run.run_dir))
     assert done.returncode == 0, done.stderr
     assert "K80 steps/s from a run" in done.stdout and " wins: the fastest" in done.stdout

@@ -124,7 +124,8 @@ def test_simulate_prices_an_aws_instance_from_ec2(moto):
 
 def test_plan_over_todays_types(moto):
     url, _ = moto
-    done = transientvod("plan", "--budget", "20", "--gpus", "g5.xlarge,a2-highgpu-1g", "--speed", "g5.xlarge=10",
+    done = transientvod("plan", "--figure", "", "--budget", "20", "--gpus", "g5.xlarge,a2-highgpu-1g",
+                        "--speed", "g5.xlarge=10",
                         "--speed", "a2-highgpu-1g=25", "--revocation-rate", "<5", "--max-workers", "3", "--runs",
                         "200", "--endpoint-url", url)
     assert done.returncode == 0, done.stderr

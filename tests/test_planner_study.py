@@ -99,7 +99,7 @@ def test_simulate_prints_a_table_and_writes_csv(tmp_path):
 
 
 def test_plan_picks_the_fastest_configuration_within_the_budget():
-    done = transientvod("plan", "--budget", "1.5", "--max-workers", "8", "--runs", "500")
+    done = transientvod("plan", "--figure", "", "--budget", "1.5", "--max-workers", "8", "--runs", "500")
     assert done.returncode == 0, done.stderr
     assert "8 x k80 spot (elastic) wins" in done.stdout, done.stdout
     assert "8 x k80 on-demand (elastic) would be faster" in done.stdout, done.stdout

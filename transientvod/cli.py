@@ -666,6 +666,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--risk", type=float, default=0.1, help="largest acceptable chance of failing or going over")
     plan.add_argument("--runs", type=int, default=2000, help="Monte Carlo runs per configuration")
     plan.add_argument("--top", type=int, default=5)
+    plan.add_argument("--figure", default="runs/plan.png", metavar="PNG",
+                      help="the cost-against-time picture of every configuration with its risk (default "
+                           "runs/plan.png; '' for none)")
     add_workload_arguments(plan)
     plan.set_defaults(func=cmd_plan)
     fleet = sub.add_parser("fleet", help="keep N spot instances alive for a job, within a budget")

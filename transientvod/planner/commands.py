@@ -270,6 +270,10 @@ def run_plan(args) -> int:
           f"risk = chance of failing or {what}:")
     print(format_rows(fits[:args.top], columns), end="")
     print(why_the_winner_wins(fits, candidates, goal, by_budget, what, args.risk))
+    if args.figure:
+        from transientvod.planner.figure import cost_time_figure
+
+        print(f"wrote {cost_time_figure(candidates, args.figure, fits, args.budget, args.deadline)}")
     return 0
 
 
