@@ -71,3 +71,46 @@ def test_plan_from_the_run_directory(calibration_run):
     assert done.returncode == 0, done.stderr
     assert "K80 steps/s from a run" in done.stdout and " wins: the fastest" in done.stdout
     assert f"of run {calibration_run.summary()['mlflow']['run_id']}'s samples_per_s" in done.stdout
+
+
+def test_the_runs_own_revocations_replayed_as_a_trace(calibration_run):
+    """One host left the ring at step 150 while the job went on: the trace says it was revoked
+    then, and the other lasted to the end; simulate replays it. Which host Horovod made rank 0
+    (the trace's master) varies from run to run, so it is read from the job's events."""
+    from transientvod.planner.provisioning import fit_provisioning
+
+    done = transientvod("simulate", "--workers", "2", "--system", "elastic", "--runs", "4", "--steps", str(STEPS),
+                        "--speed-from-run", str(calibration_run.run_dir), "--trace", str(calibration_run.run_dir))
+    assert done.returncode == 0, done.stderr
+    trace = calibration_run.run_dir / "revocation-trace.csv"
+    assert f"trace written to {trace}" in done.stdout and "2 servers, 1 revoked" in done.stdout
+    lines = trace.read_text().splitlines()
+    assert lines[0] == "VM_name,Uptime,Revoked" and len(lines) == 3
+    vms = {name: (float(uptime), outcome) for name, uptime, outcome in (line.split(",") for line in lines[1:])}
+    synced = sorted((e for e in calibration_run.rows("events.jsonl") if e["event"] == "synced"), key=lambda e: e["time"])
+    first_ring = {e["rank"]: e["host"] for e in synced if e["size"] == 2 and e["step"] == synced[0]["step"]}
+    stayed = {e["host"] for e in synced if e["size"] == 1}
+    assert len(first_ring) == 2 and len(stayed) == 1
+    names = {first_ring[0]: "calib-master", first_ring[1]: "calib-worker-0"}
+    (left,) = set(first_ring.values()) - stayed
+    revoked, completed = vms[names[left]], vms[names[stayed.pop()]]
+    assert revoked[1] == "Revoked" and completed[1] == "Job completed"
+    # When it left, from the metrics the job logged: after its last row at 2 workers, before the first at 1.
+    rows = [r for r in calibration_run.rows("metrics.jsonl") if "world_size" in r]
+    start, provisioning = synced[0]["time"], fit_provisioning().seconds(2)
+    last_two = max(r["time"] for r in rows if r["world_size"] == 2)
+    first_one = min(r["time"] for r in rows if r["world_size"] == 1)
+    ms = 1e-3  # the trace's uptimes are written to the millisecond
+    assert last_two - start + provisioning - ms <= revoked[0] <= first_one - start + provisioning + ms
+    assert completed[0] >= max(r["time"] for r in rows) - start + provisioning - ms
+    # Every simulated run replays it. A job that ends between the two uptimes (at the run's speeds,
+    # no recovery pause) meets exactly the one revocation in every run, and survives it.
+    speeds = {int(k): float(v) for k, v in re.findall(r"k=(\d+): ([\d.]+) steps/s", done.stdout)}
+    before = (revoked[0] - provisioning) * speeds[2]
+    steps = int(before + (completed[0] - revoked[0]) / 2 * speeds[1])
+    done = transientvod("simulate", "--workers", "2", "--system", "elastic", "--runs", "20", "--steps", str(steps),
+                        "--recovery-seconds", "0", "--speed-from-run", str(calibration_run.run_dir),
+                        "--trace", str(calibration_run.run_dir))
+    assert done.returncode == 0, done.stderr
+    row = next(line for line in done.stdout.splitlines() if line.startswith("2 x k80 spot (elastic"))
+    assert row.split()[5:7] == ["0.0", "1.00"], row  # fail %, revocations

@@ -118,3 +118,15 @@ def test_bad_run_from_the_command_line(store, run, fragment):
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_run_directory_without_a_revocation_log(tmp_path):
+    from transientvod.planner.run_trace import trace_from_run
+
+    with pytest.raises(PlanError, match="holds no revocation log \\(events.jsonl has no synced events\\)"):
+        trace_from_run(tmp_path)
+    (tmp_path / "events.jsonl").write_text('{"event": "synced"\n')
+    with pytest.raises(PlanError, match="events.jsonl, line 1, is not JSON"):
+        trace_from_run(tmp_path)
+    done = transientvod("simulate", "--runs", "10", "--trace", str(tmp_path))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "is not JSON" in done.stderr, done.stderr

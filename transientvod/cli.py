@@ -643,7 +643,9 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--revocation-rate", metavar="BAND",
                           help="a cloud without traces: servers interrupted a month, one of the bands EC2's Spot "
                                "Instance Advisor publishes (<5, 5-10, 10-15, 15-20, >20); replaces --revocations")
-    simulate.add_argument("--trace", metavar="CSV", help="replay your own trace (VM_name,Uptime,Revoked) instead of the study's")
+    simulate.add_argument("--trace", metavar="CSV|RUN_DIR",
+                          help="replay your own trace (VM_name,Uptime,Revoked), or the revocations a job recorded "
+                               "in its run directory (runs/NAME), instead of the study's")
     simulate.add_argument("--runs", type=int, default=10000, help="Monte Carlo runs per configuration")
     simulate.add_argument("--no-notices", action="store_true", help="revocations come without notice")
     simulate.add_argument("--csv", help="also write the table as CSV here")

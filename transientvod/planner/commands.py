@@ -194,7 +194,14 @@ def run_simulate(args) -> int:
     band = parse_band(args.revocation_rate) if args.revocation_rate is not None else None
     revocations = "rate" if band is not None else args.revocations
     rentals = rentals_from(args, {gpu for cluster in clusters for gpu in cluster.slot_gpus})
-    simulator = Simulator(workload, seed=args.seed, recovery_s=args.recovery_seconds, trace_path=args.trace,
+    trace = args.trace
+    if trace and Path(trace).is_dir():  # a run directory: its own revocations (run_trace.py)
+        from transientvod.planner.run_trace import write_trace_from_run
+
+        trace, note = write_trace_from_run(trace)
+        print(f"replaying {note}; trace written to {trace}")
+        trace = str(trace)
+    simulator = Simulator(workload, seed=args.seed, recovery_s=args.recovery_seconds, trace_path=trace,
                           revocation_rate=band, rentals=rentals)
     rows = [simulator.run(cluster, args.runs, revocations).stats() for cluster in clusters]
     source = (f"an interruption rate of {band.label} (exponential lives; no trace)" if band is not None
