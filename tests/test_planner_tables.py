@@ -158,6 +158,13 @@ def test_every_revocation_overhead_within_2_points_with_the_studys_billing_rule(
     assert training_only[(8, 1)] < -WITHIN_POINTS and training_only[(8, 2)] < -WITHIN_POINTS
 
 
+def test_the_rows_table_in_docs_is_the_one_the_script_writes(reference_readme, simulator):
+    """docs/planner.md shows `python -m transientvod.planner.study_check`'s table of the rows."""
+    from transientvod.planner.study_check import rows_table
+
+    assert rows_table(simulator, reference_readme) in (REPO / "docs" / "planner.md").read_text(encoding="utf-8")
+
+
 def test_the_overhead_table_in_docs_is_the_one_the_script_writes(reference_readme, simulator, transient):
     """docs/planner.md shows `python -m transientvod.planner.overheads`'s table, not figures by hand."""
     table = markdown_table(overhead_rows(simulator, transient, reference_readme))
