@@ -106,7 +106,7 @@ def test_one_type_written_as_a_mix_is_the_plain_cluster():
 
 
 @pytest.mark.parametrize("workers, fragment", [
-    ("k80:2,a100:2", "GPU type 'a100' is unknown"),
+    ("k80:2,a100:2", "GPU or instance type 'a100' is unknown; the planner knows AWS families"),
     ("k80:2,p100:-1", "has -1 servers"),
     ("k80:2,p100", "must look like p100:2"),
 ])
@@ -123,7 +123,7 @@ def test_plan_considers_mixed_clusters():
     shapes = cluster_shapes(["k80", "p100", "v100"], 6, mixed=True)
     assert len(shapes) == 3 * 6 + 3 * (1 + 2 + 3 + 4 + 5)  # every size of each type, every split of each pair
     assert {"mix": (("k80", 1), ("v100", 5))} in shapes and len(cluster_shapes(["k80"], 6, mixed=True)) == 6
-    done = transientvod("plan", "--deadline", "0.6", "--gpus", "k80,p100,v100", "--system", "study",
+    done = transientvod("plan", "--figure", "", "--deadline", "0.6", "--gpus", "k80,p100,v100", "--system", "study",
                         "--max-workers", "6", "--mixed", "--runs", "500", "--top", "20")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("126 configurations"), done.stdout

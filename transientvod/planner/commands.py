@@ -7,12 +7,14 @@
 from __future__ import annotations
 
 import csv
+import logging
 import math
 from pathlib import Path
 
 from transientvod.planner.rate_band import parse_band
 from transientvod.planner.scenario import Cluster, Outcome, Simulator, Workload
-from transientvod.planner.study_data import PlanError, gpu_type
+from transientvod.planner.rentals import server_type
+from transientvod.planner.study_data import PlanError
 
 # "time h" and "cost $" are the cloud's: wall time and bill from renting the servers, their
 # provisioning included. "train h" and "study $" are the study's measure: training time, and
@@ -40,7 +42,7 @@ def parse_speeds(items: list[str]) -> dict[str, float]:
     speeds = {}
     for item in items:
         gpu, _, value = item.partition("=")
-        gpu = gpu_type(gpu)  # an unknown type is its own sentence
+        gpu = server_type(gpu)  # an unknown type is its own sentence
         try:
             speeds[gpu] = float(value)
         except ValueError:
@@ -59,7 +61,7 @@ def parse_mix(text: str) -> tuple:
             raise PlanError(f"--workers entry {item.strip()!r} must look like p100:2 (GPU type:servers).") from None
         if count < 1:
             raise PlanError(f"--workers entry {item.strip()!r} has {count} servers; give 1 or more of each type.")
-        mix.append((gpu_type(gpu), count))
+        mix.append((server_type(gpu), count))
     return tuple(mix)
 
 
@@ -87,32 +89,63 @@ def count_is_signed(item: str) -> bool:
     return item.partition(":")[2].strip().startswith("+")
 
 
-def speeds_from_runs(items: list[str], default_gpu: str, tracking_uri: str | None) -> dict[str, float]:
-    """--speed-from-run [GPU=]RUN_ID: one server's steps/s from a logged run (run_speed.py);
-    without GPU= it calibrates the first GPU type asked for."""
+def speeds_from_runs(items: list[str], default_gpu: str, tracking_uri: str | None) -> dict:
+    """--speed-from-run [GPU=]RUN: the speed of every world size from a logged run (run_speed.py),
+    RUN a run directory (runs/NAME) or an MLflow run id in --tracking-uri's store; without GPU=
+    it calibrates the first GPU type asked for."""
     if not items:
         return {}
-    from transientvod.planner.run_speed import speed_from_run
+    from transientvod.planner.run_speed import measured_model, run_in_directory, speeds_by_size
     from transientvod.planner.speed import calibrate_k80
     from transientvod.tracking.store import store_uri
 
     k80 = calibrate_k80()
     shape = k80.steps_per_second / k80.steps_per_second[1]
-    uri = store_uri(tracking_uri or "")
-    speeds = {}
+    models = {}
     for item in items:
-        gpu, sep, run_id = item.partition("=")
-        gpu, run_id = (gpu_type(gpu), run_id.strip()) if sep else (default_gpu, gpu.strip())
-        speeds[gpu], source = speed_from_run(uri, run_id, shape)
-        print(f"{gpu}: {source}")
-    return speeds
+        gpu, sep, run = item.partition("=")
+        gpu, run = (server_type(gpu), run.strip()) if sep else (default_gpu, gpu.strip())
+        if "/" in run or Path(run).is_dir():  # a run directory; a run id is 32 hex digits
+            uri, run_id = run_in_directory(run)
+        else:
+            uri, run_id = store_uri(tracking_uri or ""), run
+        measured, source = speeds_by_size(uri, run_id)
+        models[gpu] = measured_model(gpu, measured, shape, source)
+        print(models[gpu].source)
+    return models
 
 
 def workload_from(args, default_gpu: str) -> Workload:
-    speeds = parse_speeds(args.speed)
-    speeds.update(speeds_from_runs(args.speed_from_run, default_gpu, args.tracking_uri))
-    return Workload(steps=args.steps, single_worker_steps_per_s=speeds,
+    return Workload(steps=args.steps, single_worker_steps_per_s=parse_speeds(args.speed),
+                    speed_models=speeds_from_runs(args.speed_from_run, default_gpu, args.tracking_uri),
                     commit_every=args.commit_every, checkpoint_every=args.checkpoint_every)
+
+
+def rentals_from(args, types) -> dict:
+    """Today's rented types among `types`, priced (rentals.py); the prices, their sources and
+    any warning of their age printed first."""
+    from transientvod.planner.rentals import rent
+    from transientvod.planner.study_data import GPU_TYPES
+
+    rented = sorted({t for t in types if t not in GPU_TYPES})
+    if not rented:
+        return {}
+    table = None
+    if args.prices:
+        from transientvod.billing.prices import PriceError, load_price_table
+
+        try:
+            table = load_price_table(args.prices)
+        except PriceError as e:
+            raise PlanError(str(e)) from None
+    if not args.price_days > 0:
+        raise PlanError(f"--price-days is {args.price_days}; give a positive number of days of spot price history.")
+    # The CLI logs at INFO; botocore's "Found credentials in ..." would sit among the prices.
+    logging.getLogger("botocore.credentials").setLevel(logging.WARNING)
+    rentals, notes = rent(rented, args.region, args.endpoint_url, days=args.price_days, on_demand_prices=table)
+    for line in notes:
+        print(line)
+    return rentals
 
 
 def format_rows(rows: list[dict], columns=COLUMNS) -> str:
@@ -151,7 +184,7 @@ def run_simulate(args) -> int:
     else:
         shapes = [{"gpu": gpu, "workers": workers} for gpu in parse_list(args.gpu, "--gpu")
                   for workers in parse_list(args.workers, "--workers", int)]
-        first_gpu = gpu_type(shapes[0]["gpu"])
+        first_gpu = server_type(shapes[0]["gpu"])
     workload = workload_from(args, first_gpu)
     clusters = [Cluster(**shape, market=market, system=system, replacement_delay_s=args.replacement_delay,
                         notices=not args.no_notices, parameter_servers=args.parameter_servers,
@@ -160,8 +193,16 @@ def run_simulate(args) -> int:
                 for system in parse_list(args.system, "--system")]
     band = parse_band(args.revocation_rate) if args.revocation_rate is not None else None
     revocations = "rate" if band is not None else args.revocations
-    simulator = Simulator(workload, seed=args.seed, recovery_s=args.recovery_seconds, trace_path=args.trace,
-                          revocation_rate=band)
+    rentals = rentals_from(args, {gpu for cluster in clusters for gpu in cluster.slot_gpus})
+    trace = args.trace
+    if trace and Path(trace).is_dir():  # a run directory: its own revocations (run_trace.py)
+        from transientvod.planner.run_trace import write_trace_from_run
+
+        trace, note = write_trace_from_run(trace)
+        print(f"replaying {note}; trace written to {trace}")
+        trace = str(trace)
+    simulator = Simulator(workload, seed=args.seed, recovery_s=args.recovery_seconds, trace_path=trace,
+                          revocation_rate=band, rentals=rentals)
     rows = [simulator.run(cluster, args.runs, revocations).stats() for cluster in clusters]
     source = (f"an interruption rate of {band.label} (exponential lives; no trace)" if band is not None
               else "the study's VM lifetimes" if args.revocations == "lifetimes"
@@ -206,15 +247,18 @@ def run_plan(args) -> int:
         raise PlanError(f"{'--budget' if args.budget is not None else '--deadline'} is {limit}; it must be positive.")
     if not 0 <= args.risk < 1:
         raise PlanError(f"--risk is {args.risk}; give the largest acceptable chance of failing, from 0 to below 1.")
-    workload = workload_from(args, gpu_type(parse_list(args.gpus, "--gpus")[0]))
-    simulator = Simulator(workload, seed=args.seed, recovery_s=args.recovery_seconds)
+    gpus = [server_type(g) for g in parse_list(args.gpus, "--gpus")]
+    workload = workload_from(args, gpus[0])
+    band = parse_band(args.revocation_rate) if args.revocation_rate is not None else None
+    revocations = "rate" if band is not None else "lifetimes"
+    simulator = Simulator(workload, seed=args.seed, recovery_s=args.recovery_seconds, revocation_rate=band,
+                          rentals=rentals_from(args, gpus))
     candidates = []
-    gpus = [gpu_type(g) for g in parse_list(args.gpus, "--gpus")]
     for shape in cluster_shapes(gpus, args.max_workers, args.mixed):
         for market in parse_list(args.markets, "--markets"):
             cluster = Cluster(**shape, market=market, system=args.system, replacement_delay_s=args.replacement_delay,
                               parameter_servers=args.parameter_servers, staleness_speedup=args.staleness_speedup)
-            outcome = simulator.run(cluster, args.runs, "lifetimes")
+            outcome = simulator.run(cluster, args.runs, revocations)
             row = outcome.stats()
             row["risk_pct"] = 100.0 * risk(outcome, args.budget, args.deadline)
             candidates.append(row)
@@ -228,10 +272,15 @@ def run_plan(args) -> int:
                         f"the safest, {safest['configuration']}, has {safest['risk_pct']:.0f} %; "
                         f"raise the {'budget' if by_budget else 'deadline'} or --max-workers, or accept more risk.")
     columns = COLUMNS[:1] + (("risk %", "risk_pct", ".1f"),) + COLUMNS[1:]
-    print(f"{len(candidates)} configurations, {args.runs} simulated runs each (revocations from the study's "
-          f"lifetimes); risk = chance of failing or {what}:")
+    source = f"an interruption rate of {band.label}" if band is not None else "the study's lifetimes"
+    print(f"{len(candidates)} configurations, {args.runs} simulated runs each (revocations from {source}); "
+          f"risk = chance of failing or {what}:")
     print(format_rows(fits[:args.top], columns), end="")
     print(why_the_winner_wins(fits, candidates, goal, by_budget, what, args.risk))
+    if args.figure:
+        from transientvod.planner.figure import cost_time_figure
+
+        print(f"wrote {cost_time_figure(candidates, args.figure, fits, args.budget, args.deadline)}")
     return 0
 
 

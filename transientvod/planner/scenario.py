@@ -28,8 +28,14 @@ Two measures of every run, because the cloud and the study count differently:
   at the study's GCE price for its market; plus `parameter_servers` always-on CPU servers at
   the on-demand PS price for the whole run;
 - the study's measure (`training_h`, `study_cost_usd`): training time only, and each
-  server's training seconds times its price (the PS for the training time). The study's
-  tables are this measure, so they are compared with it.
+  server's training seconds times its price (the PS for the training time), except that a
+  revoked server is billed for its whole life from the cluster's start, provisioning
+  included, until its revocation. That is the study's accounting: a finished job's length
+  came from its training log, a revoked VM's from GCE's record of its uptime (the trace's
+  `Uptime` runs from the cluster's start). With it every published revocation overhead
+  (2, 4 and 8 K80s, r = 1 and 2) is reproduced within 2 points, untuned (overheads.py);
+  billing revoked servers for training only made 8 K80s cheaper with each revocation.
+  The study's tables are this measure, so they are compared with it.
 `--system study` rents one parameter server by default, as the study did; other systems none.
 """
 from __future__ import annotations
@@ -45,8 +51,9 @@ from transientvod.planner.montecarlo import ELASTIC, RESTART, STUDY, simulate_ru
 from transientvod.planner.mixed import rate_by_set
 from transientvod.planner.provisioning import fit_provisioning
 from transientvod.planner.rate_band import RateBand
+from transientvod.planner.rentals import Rental, server_type
 from transientvod.planner.speed import SpeedModel, calibrate_k80, scaled, study_speed
-from transientvod.planner.study_data import TRACE_SIZES, PlanError, gpu_type, load_lifetimes, trace_runs
+from transientvod.planner.study_data import GPU_TYPES, TRACE_SIZES, PlanError, load_lifetimes, trace_runs
 
 SYSTEMS = {"study": STUDY, "elastic": ELASTIC, "restart": RESTART}
 REVOCATION_MODELS = ("trace", "lifetimes", "rate")  # rate: from a monthly interruption band (rate_band.py)
@@ -64,6 +71,9 @@ class Workload:
     # Steps/s of ONE server of a type, overriding the study's (K80 calibrated on its runs,
     # P100 and V100 from its single-server times).
     single_worker_steps_per_s: dict = field(default_factory=dict)
+    # Steps/s for every size of a type (GPU -> SpeedModel), measured on a run of this project
+    # (run_speed.py); overrides both of the above.
+    speed_models: dict = field(default_factory=dict)
     commit_every: int = 50  # elastic: at most this many steps lost without a notice
     checkpoint_every: int = 500  # restart: at most this many steps lost per revocation
 
@@ -100,14 +110,14 @@ class Cluster:
                     raise PlanError(f"mixed-cluster entry {item!r} must be a pair (GPU type, count).")
                 if item[1] < 1:
                     raise PlanError(f"mixed-cluster entry {item[0]}:{item[1]} must have 1 or more servers.")
-                mix.append((gpu_type(item[0]), item[1]))
+                mix.append((server_type(item[0]), item[1]))
             if self.schedule:
                 raise PlanError("a schedule adds servers of one type; use it with a single-type cluster, not a "
                                 "mixed one.")
             object.__setattr__(self, "mix", tuple(mix))
             object.__setattr__(self, "gpu", mix[0][0])
             object.__setattr__(self, "workers", sum(count for _, count in mix))
-        object.__setattr__(self, "gpu", gpu_type(self.gpu))
+        object.__setattr__(self, "gpu", server_type(self.gpu))
         if self.market not in MARKETS:
             raise PlanError(f"market {self.market!r} is not one of {', '.join(MARKETS)}.")
         if self.system not in SYSTEMS:
@@ -177,8 +187,12 @@ class Simulator:
     """Holds what every configuration shares (the calibrated speed, lifetimes, traces)."""
 
     def __init__(self, workload: Workload, seed: int = 0, recovery_s: float | None = None,
-                 trace_path: str | None = None, revocation_rate: RateBand | None = None):
+                 trace_path: str | None = None, revocation_rate: RateBand | None = None,
+                 rentals: dict[str, Rental] | None = None):
         self.revocation_rate = revocation_rate  # the band the "rate" revocation model draws from
+        # Today's rented types (rentals.py): their prices and GPUs per instance; the study's
+        # K80, P100 and V100 are priced from its GCE table.
+        self.rentals = dict(rentals or {})
         self.workload = workload
         self.trace_path = trace_path  # your own trace (transientvod.spot.trace format) instead of the study's
         self.seed = seed
@@ -189,12 +203,37 @@ class Simulator:
         self._speeds = {}
 
     def speed(self, gpu: str) -> SpeedModel:
-        """The override (--speed) if given, else the study's speed of that type."""
+        """A run's measured speeds (--speed-from-run) or the override (--speed) if given, else the
+        study's speed of that type."""
+        if gpu in self.workload.speed_models:
+            return self._per_instance(gpu, self.workload.speed_models[gpu])
         if gpu in self.workload.single_worker_steps_per_s:
             return scaled(self._k80, gpu, self.workload.single_worker_steps_per_s[gpu])
+        if gpu not in GPU_TYPES:
+            raise PlanError(f"no speed is known for {gpu} (the study measured only K80, P100 and V100); give "
+                            f"--speed {gpu}=STEPS_PER_S (one instance) or --speed-from-run {gpu}=runs/NAME.")
         if gpu not in self._speeds:
             self._speeds[gpu] = study_speed(gpu, self._k80)
         return self._speeds[gpu]
+
+    def _per_instance(self, gpu: str, model: SpeedModel) -> SpeedModel:
+        """A run's speeds count ranks, one per GPU; an instance of g GPUs is g of them, so k
+        instances train at the run's speed with k x g ranks."""
+        gpus = self.rentals[gpu].gpus if gpu in self.rentals else 1
+        if gpus == 1:
+            return model
+        top = model.max_workers // gpus
+        speeds = model.steps_per_second[[k * gpus for k in range(top + 1)]]
+        return SpeedModel(gpu=gpu, steps_per_second=speeds,
+                          source=f"{gpu}: {gpus} GPUs an instance, so k instances = {gpus}k ranks of:\n" + model.source)
+
+    def prices(self, gpu: str) -> tuple[float, float]:
+        """(spot, on-demand) $/hour of one server of a type."""
+        if gpu in self.rentals:
+            return self.rentals[gpu].spot.usd_per_hour, self.rentals[gpu].on_demand.usd_per_hour
+        if gpu not in GPU_TYPES:
+            raise PlanError(f"{gpu} has no price; the planner prices it from EC2 or its table (rentals.py).")
+        return GCE_SPOT_USD_PER_HOUR[gpu], GCE_ON_DEMAND_USD_PER_HOUR[gpu]
 
     def lifetimes(self, gpu: str):
         if gpu not in self._lifetimes:
@@ -208,6 +247,12 @@ class Simulator:
             raise PlanError(f"runs is {runs!r}; simulate at least 1 run.")
         if revocations == "rate" and self.revocation_rate is None:
             raise PlanError("the rate revocation model needs a band: --revocation-rate 5-10 (percent a month).")
+        rented = sorted({g for g in cluster.slot_gpus if g not in GPU_TYPES})
+        if rented and cluster.market == "spot" and revocations != "rate":
+            raise PlanError(f"{rented[0]} has no revocation traces or lifetimes (the study's are GCE 2019 K80, P100 "
+                            "and V100); give --revocation-rate BAND, the Spot Instance Advisor's band for it.")
+        if rented and cluster.parameter_servers:
+            raise PlanError(f"a parameter server beside {rented[0]} has no price here; use --parameter-servers 0.")
         rng = np.random.default_rng(self.seed)
         first, gpu = cluster.workers, cluster.gpu
         join_step, join_delay = self._schedule(cluster)
@@ -238,9 +283,9 @@ class Simulator:
                                SYSTEMS[cluster.system], recovery_s=recovery,
                                replacement_delay_s=cluster.replacement_delay_s, start_s=start_s,
                                join_step=join_step, join_delay_s=join_delay, rate_by_set=rates)
-        prices = GCE_SPOT_USD_PER_HOUR if cluster.market == "spot" else GCE_ON_DEMAND_USD_PER_HOUR
-        price = np.array([prices[g] for g in gpus])  # per slot
-        on_demand_price = np.array([GCE_ON_DEMAND_USD_PER_HOUR[g] for g in gpus])
+        spot_or_on_demand = [self.prices(g) for g in gpus]  # per slot
+        price = np.array([p[0] if cluster.market == "spot" else p[1] for p in spot_or_on_demand])
+        on_demand_price = np.array([p[1] for p in spot_or_on_demand])
         ps_price = GCE_ON_DEMAND_USD_PER_HOUR["ps"]
         time_s = np.asarray(result.time_s)
         ps_seconds = np.maximum(60.0, np.ceil(time_s)) * cluster.parameter_servers
@@ -248,6 +293,11 @@ class Simulator:
         on_demand = (result.billed_by_slot @ on_demand_price + ps_seconds * ps_price) / 3600.0
         training_s = np.maximum(time_s - start_s, 0.0)
         study_cost = (result.training_by_slot @ price + training_s * cluster.parameter_servers * ps_price) / 3600.0
+        # The study's accounting bills a revoked server from the cluster's start: its
+        # provisioning too (the first servers' only; replacements and scheduled servers were
+        # never in its traces). A server revoked when the run ended is the master that ended it.
+        first_revoked = revoked_at[:, :first] <= time_s[:, None]
+        study_cost = study_cost + (first_revoked * start_s) @ price[:first] / 3600.0
         return Outcome(cluster, runs, time_s / 3600.0, cost, on_demand, np.asarray(result.failed),
                        np.asarray(result.revocations), training_s / 3600.0, study_cost)
 

@@ -4,12 +4,13 @@
     model.time_for(64000, 4)                 # seconds for 64K steps on 4 workers
     print(model.source)                      # where every number came from
     v100 = scaled(model, "v100", 12.0)       # your own 1-V100 speed, K80's scaling shape
-    p100 = study_speed("p100")               # the study's single-P100 runs, K80's scaling shape
+    p100 = study_speed("p100")               # the study's single-P100 time, behind the PS's capacity
 
 The study measured training speed for every cluster size only on K80 servers (ResNet-32 on
 CIFAR-10, batch 128, asynchronous training with one parameter server); P100 and V100 it
 timed only as single servers (its published table: 1.50 h and 1.23 h for 64K steps), so
-they borrow K80's shape.
+their clusters come from the parameter server's capacity that the K80 runs fix
+(ps_capacity.py); a speed you give (--speed) borrows K80's shape.
 Never imports torch or horovod.
 """
 from __future__ import annotations
@@ -137,7 +138,9 @@ def scaled(model: SpeedModel, gpu: str, single_worker_steps_per_second: float) -
     way K80s did. Faster GPUs load the one parameter server harder, so the true curve
     probably bends sooner: read the result as optimistic for large k.
     """
-    gpu = gpu_type(gpu)
+    from transientvod.planner.rentals import server_type
+
+    gpu = server_type(gpu)
     speed = single_worker_steps_per_second
     if isinstance(speed, bool) or not isinstance(speed, (int, float, np.integer, np.floating)) \
             or not (math.isfinite(speed) and speed > 0):
@@ -153,8 +156,8 @@ def scaled(model: SpeedModel, gpu: str, single_worker_steps_per_second: float) -
 def study_speed(gpu: str, k80: SpeedModel | None = None) -> SpeedModel:
     """The study's speed of a GPU type: K80 calibrated for every size (calibrate_k80); P100 and
     V100 from the single-server time of the study's published table (64K steps over
-    "1 P100 transient" 1.50 h and "1 V100 transient" 1.23 h, training time), scaled with
-    K80's shape."""
+    "1 P100 transient" 1.50 h and "1 V100 transient" 1.23 h, training time), and for more
+    servers the parameter-server capacity model fitted to the K80 runs (ps_capacity.py)."""
     from transientvod.planner.study_tables import published_rows  # only P100/V100 need the README
 
     gpu = gpu_type(gpu)
@@ -166,7 +169,11 @@ def study_speed(gpu: str, k80: SpeedModel | None = None) -> SpeedModel:
         raise PlanError(f"the study's data README has no time for '1 {gpu.upper()} transient'; pass "
                         f"--speed {gpu}=STEPS_PER_S.")
     speed = FULL_JOB_STEPS / (row.time_h * 3600.0)
-    model = scaled(k80, gpu, speed)
+    # More servers: behind the study's one parameter server, whose capacity the K80 runs fix
+    # (ps_capacity.py); faster workers reach it sooner than K80's shape would say.
+    from transientvod.planner.ps_capacity import fit_capacity, ps_speed
+
+    model = ps_speed(gpu, speed, fit_capacity(k80), k80.max_workers)
     source = (f"{gpu.upper()}: 1 server = {FULL_JOB_STEPS} steps / {row.time_h} h (the study's published single-"
               f"{gpu.upper()} time) = {speed:.4f} steps/s\n" + model.source)
     return SpeedModel(gpu=gpu, steps_per_second=model.steps_per_second, source=source)
