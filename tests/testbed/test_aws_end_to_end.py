@@ -45,9 +45,11 @@ SECOND_TERMINAL = "# In a second terminal"
 JOB = "e2e"
 BUCKET = "e2e-checkpoints"
 REGION = "us-east-1"
-# A stand-in for accelerator time: the page's 1200 steps then last long enough for a revocation and a
-# replacement to join while the job trains (conftest.job_environment's variable).
-STEP_SECONDS = "0.05"
+# A stand-in for accelerator time (conftest.job_environment's variable): after the first
+# checkpoint, the page's remaining 1100 steps last at least 77 s on any machine, while a
+# replacement joins about 45 s after the warning (20 s to the termination, the fleet's next
+# pass within 10 s, the boot, the launcher's SSH probe within 10 s).
+STEP_SECONDS = "0.07"
 
 
 def page_blocks() -> list[str]:
