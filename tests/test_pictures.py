@@ -1,0 +1,102 @@
+"""The pictures on the docs site: each is drawn again here from the data in the repository,
+opened, and compared with the one committed under docs/ (same size), and each shows what its
+data says (the colours of its marks are there; other data gives another picture)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import REPO
+
+DOCS = REPO / "docs"
+
+
+def script(name: str):
+    """A drawing script under docs/ (not a package), imported by its path."""
+    sys.path.insert(0, str(DOCS))
+    try:
+        spec = importlib.util.spec_from_file_location(f"docs_{name}", DOCS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(DOCS))
+    return module
+
+
+def pixels(path) -> np.ndarray:
+    with Image.open(path) as image:
+        assert image.format == "PNG"
+        return np.asarray(image.convert("RGB"))
+
+
+def colours(rgb: np.ndarray) -> int:
+    return len(np.unique(rgb.reshape(-1, 3), axis=0))
+
+
+def near(rgb: np.ndarray, colour: str, tolerance: int = 10) -> int:
+    """How many pixels lie within `tolerance` of a matplotlib colour."""
+    from matplotlib.colors import to_rgb
+
+    target = np.array([round(255 * c) for c in to_rgb(colour)])
+    return int(np.sum(np.all(np.abs(rgb.astype(int) - target) <= tolerance, axis=-1)))
+
+
+def check_drawn_and_committed(path, committed, size):
+    """The drawn picture has `size` and is no blank page; the committed one is there at that size."""
+    with Image.open(path) as image:
+        assert image.size == size
+        assert "Software" not in image.info  # no matplotlib version: same data, same bytes
+    assert colours(pixels(path)) > 50
+    assert committed.is_file(), f"{committed} is not committed; run its script"
+    with Image.open(committed) as image:
+        assert image.size == size
+    assert committed.stat().st_size < 150_000
+
+
+# -- the revocation timeline -----------------------------------------------------------------
+
+def test_the_revocation_timeline_is_drawn_with_its_notices_revocations_and_stalls(tmp_path):
+    timeline = script("revocation_timeline")
+    path = timeline.draw(tmp_path / "timeline.png")
+    check_drawn_and_committed(path, DOCS / "revocation-timeline.png", (timeline.WIDTH, timeline.HEIGHT))
+    rgb = pixels(path)
+    assert near(rgb, "tab:blue") > 500  # the three world-size lines
+    assert near(rgb, "tab:red") > 500  # three revocations on each of three panels
+    assert near(rgb, "tab:orange") > 100  # the notices of run (b)
+    assert timeline.draw(tmp_path / "again.png").read_bytes() == path.read_bytes()
+
+
+def test_the_timeline_reads_the_benchmarks_rows_and_the_trace():
+    timeline = script("revocation_timeline")
+    assert [round(t, 1) for t in timeline.revocation_times()] == [634.6, 785.7, 857.0]
+    runs = timeline.benchmark_runs()
+    assert [r["sizes"] for r in runs] == [[4, 3, 2, 1]] * 3
+    notices = [r for r in runs if r["label"] == "(b) transientvod, notices"][0]
+    assert all(o < 0 for o in notices["offsets_s"])  # the size fell before each host went
+    assert notices["lost_steps"] == 0
+
+
+def test_other_rows_draw_another_timeline(tmp_path):
+    timeline = script("revocation_timeline")
+    document = json.loads(timeline.RESULTS.read_text())
+    timeline.draw(tmp_path / "as-recorded.png", results=timeline.RESULTS)
+    document["runs"][-1]["rows"][0][3] = "+60.0, +60.0, +60.0"  # run (a) stalls a minute each time
+    edited = tmp_path / "testbed.json"
+    edited.write_text(json.dumps(document))
+    timeline.draw(tmp_path / "edited.png", results=edited)
+    assert not np.array_equal(pixels(tmp_path / "edited.png"), pixels(tmp_path / "as-recorded.png"))
+
+
+def test_rows_that_do_not_match_the_trace_are_one_sentence(tmp_path):
+    timeline = script("revocation_timeline")
+    document = json.loads(timeline.RESULTS.read_text())
+    document["runs"][-1]["rows"][0][3] = "+31.2, +30.4"
+    edited = tmp_path / "testbed.json"
+    edited.write_text(json.dumps(document))
+    with pytest.raises(ValueError, match=r"records 2 revocations .* but the trace has 3 revocations\.$"):
+        timeline.draw(tmp_path / "timeline.png", results=edited)
