@@ -100,3 +100,23 @@ def test_rows_that_do_not_match_the_trace_are_one_sentence(tmp_path):
     edited.write_text(json.dumps(document))
     with pytest.raises(ValueError, match=r"records 2 revocations .* but the trace has 3 revocations\.$"):
         timeline.draw(tmp_path / "timeline.png", results=edited)
+
+
+# -- codec x staleness x bandwidth -----------------------------------------------------------
+
+def test_the_exchange_chart_is_drawn_with_every_codec(tmp_path):
+    chart = script("exchange_chart")
+    path = chart.draw(tmp_path / "exchange.png")
+    check_drawn_and_committed(path, DOCS / "exchange-chart.png", (chart.WIDTH, chart.HEIGHT))
+    rgb = pixels(path)
+    for colour in chart.CODEC_COLOURS.values():
+        assert near(rgb, colour) > 2000, colour
+    assert chart.draw(tmp_path / "again.png").read_bytes() == path.read_bytes()
+
+
+def test_the_exchange_chart_reads_each_runs_bandwidths():
+    chart = script("exchange_chart")
+    runs = chart.exchange_runs()
+    assert [r["bandwidths"] for r in runs] == [["unshaped", "100mbit/400ms"], ["unshaped", "25mbit/400ms"]]
+    assert runs[0]["bars"][("int8", 2)] == [15.4, 11.5]
+    assert set(runs[1]["bars"]) == {(c, s) for c in ("none", "fp16", "int8") for s in (0, 2)}
