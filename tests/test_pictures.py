@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shlex
+import subprocess
 import sys
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import REPO
+from conftest import REPO, TRANSIENTVOD
 
 DOCS = REPO / "docs"
 
@@ -120,3 +122,31 @@ def test_the_exchange_chart_reads_each_runs_bandwidths():
     assert [r["bandwidths"] for r in runs] == [["unshaped", "100mbit/400ms"], ["unshaped", "25mbit/400ms"]]
     assert runs[0]["bars"][("int8", 2)] == [15.4, 11.5]
     assert set(runs[1]["bars"]) == {(c, s) for c in ("none", "fp16", "int8") for s in (0, 2)}
+
+
+# -- plan's picture --------------------------------------------------------------------------
+
+def documented_plan_command() -> list[str]:
+    """The one command docs/planner.md gives for docs/plan.png, as words."""
+    lines = [line for line in (DOCS / "planner.md").read_text().splitlines()
+             if line.startswith(".venv/bin/transientvod plan ") and line.endswith(" --figure docs/plan.png")]
+    assert len(lines) == 1, lines
+    return shlex.split(lines[0])
+
+
+def test_plans_picture_is_the_documented_commands(tmp_path):
+    words = documented_plan_command()
+    assert words[:2] == [".venv/bin/transientvod", "plan"]
+    path = tmp_path / "plan.png"
+    done = subprocess.run(TRANSIENTVOD + words[1:-1] + [str(path)], capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    check_drawn_and_committed(path, DOCS / "plan.png", (900, 550))
+    rgb = pixels(path)
+    plot = rgb[:, :int(0.8 * rgb.shape[1])]
+    # Both ends of the risk scale (viridis) among the points: configurations that meet the
+    # deadline and ones that miss it.
+    from matplotlib import colormaps
+    for risk in (0.0, 1.0):
+        colour = "#%02x%02x%02x" % tuple(round(255 * c) for c in colormaps["viridis"](risk)[:3])
+        assert near(plot, colour) > 20, risk
