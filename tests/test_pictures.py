@@ -150,3 +150,35 @@ def test_plans_picture_is_the_documented_commands(tmp_path):
     for risk in (0.0, 1.0):
         colour = "#%02x%02x%02x" % tuple(round(255 * c) for c in colormaps["viridis"](risk)[:3])
         assert near(plot, colour) > 20, risk
+
+
+# -- compare's cost against accuracy ---------------------------------------------------------
+
+def test_compares_figure_is_drawn_from_a_real_mlflow_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    figure = script("compare_figure")
+    from transientvod.tracking.compare import load_runs
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    recorded = figure.recorded_runs()
+    figure.fill_store(uri, recorded)
+    read_back = load_runs(uri, figure.EXPERIMENT)
+    assert [(r.run_name, r.cost_usd, round(100 * r.accuracy, 2)) for r in read_back] == \
+        [(r["run"], r["cost ($)"], r["top-1 (%)"]) for r in recorded]
+    path = figure.draw(tmp_path / "compare.png", uri)
+    check_drawn_and_committed(path, DOCS / "compare.png", (figure.WIDTH, figure.HEIGHT))
+    rgb = pixels(path)
+    for colour in ("C0", "C1", "C2"):  # one marker colour per configuration
+        assert near(rgb, colour) > 30, colour
+    # What the script draws for the page (its own fresh store) is this picture.
+    assert figure.draw(tmp_path / "page.png").read_bytes() == path.read_bytes()
+
+
+def test_another_store_draws_another_figure(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    figure = script("compare_figure")
+    recorded = figure.recorded_runs()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    figure.fill_store(uri, [{**recorded[0], "cost ($)": 0.03, "top-1 (%)": 97.0}, *recorded[1:]])
+    edited = pixels(figure.draw(tmp_path / "edited.png", uri))
+    assert not np.array_equal(edited, pixels(figure.draw(tmp_path / "as-recorded.png")))
