@@ -71,6 +71,8 @@ def draw(out=OUT, results=RESULTS, trace=TRACE) -> Path:
         changes = [t + o for t, o in zip(revoked, r["offsets_s"])]
         ax.step([start, *changes, end], [r["sizes"][0], *r["sizes"][1:], r["sizes"][-1]], where="post",
                 color="tab:blue", linewidth=2, label="world size")
+        # The JSON records whether a run listened for notices only in its label: "(b) ..., notices"
+        # against "(a) ..., no notice".
         heard = "notices" in r["label"] and "no notice" not in r["label"]
         for i, (t, o) in enumerate(zip(revoked, r["offsets_s"])):
             ax.axvline(t, color="tab:red", linewidth=1.5, label="revocation" if i == 0 else None)
