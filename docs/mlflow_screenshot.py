@@ -1,6 +1,7 @@
-""".venv/bin/python docs/mlflow_screenshot.py --backend-store-uri sqlite:///runs/mlflow.db --out docs/mlflow-compare.png --height 2300
+""".venv/bin/python docs/mlflow_screenshot.py --backend-store-uri sqlite:///runs/mlflow.db --out runs/mlflow-compare.png --height 2300
 
-makes the screenshot of MLflow's run-compare view on the cost page (docs/cost.md): it serves the store with
+makes a screenshot of MLflow's run-compare view (the cost page, docs/cost.md, shows compare's own
+cost-against-accuracy figure instead: docs/compare_figure.py): it serves the store with
 `mlflow server` on 127.0.0.1, opens the compare view of the experiment's newest runs (at most
 10; `--runs ID ...` picks them, `--experiment` another experiment) in headless Chromium and
 prints the PNG's path. tests/tracking/test_mlflow_ui.py uses the same pieces to read a run's page.
@@ -383,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--experiment", default="transientvod", help="its experiment (default: %(default)s)")
     parser.add_argument("--runs", nargs="+", metavar="ID",
                         help=f"the runs to compare (default: the experiment's newest, at most {MAX_COMPARED_RUNS})")
-    parser.add_argument("--out", default="docs/mlflow-compare.png", help="the PNG to write (default: %(default)s)")
+    parser.add_argument("--out", default="runs/mlflow-compare.png", help="the PNG to write (default: %(default)s)")
     parser.add_argument("--width", type=int, default=1600)
     parser.add_argument("--height", type=int, default=1000)
     args = parser.parse_args(argv)

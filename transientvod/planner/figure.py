@@ -54,7 +54,7 @@ def cost_time_figure(candidates: list[dict], path, fits: list[dict] = (), budget
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=100)
+        fig.savefig(path, dpi=100, metadata={"Software": None})  # no version: same plan, same bytes
     except OSError as e:
         raise PlanError(f"cannot write the picture {path} ({e.strerror}); choose another --figure path.") from None
     finally:

@@ -263,7 +263,9 @@ def write_scatter(rows: list[RunRow], path) -> Path:
     A run with no cost or no accuracy yet has no point."""
     path = _writable(path)
     # A bare Figure with the Agg canvas: no pyplot, so no global backend or figure state is touched.
-    figure = Figure(figsize=(7, 5), dpi=100)
+    # A fixed 700 x 500 pixels (constrained, not a tight bounding box) and no Software entry:
+    # the same runs give the same PNG (docs/compare.png is one).
+    figure = Figure(figsize=(7, 5), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     ax = figure.add_subplot()
     plotted = [r for r in rows if r.cost_usd is not None and r.accuracy is not None]
@@ -279,12 +281,13 @@ def write_scatter(rows: list[RunRow], path) -> Path:
         ax.legend(fontsize=8, loc="best")
     else:
         ax.text(0.5, 0.5, "no run has both a cost and an accuracy yet", ha="center", transform=ax.transAxes)
+    ax.margins(x=0.2, y=0.15)  # room inside the axes for the names beside the points
     ax.set_xlabel("cost ($)")
     ax.set_ylabel("top-1 accuracy (%)")
     ax.set_title("cost against accuracy, one point per run")
     ax.grid(True, alpha=0.3)
     try:
-        figure.savefig(path, format="png", bbox_inches="tight")
+        figure.savefig(path, format="png", metadata={"Software": None})
     except OSError as e:
         raise CompareError(f"cannot write {path}: {e.strerror or e}.") from None
     return path
