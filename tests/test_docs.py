@@ -31,22 +31,23 @@ def test_the_site_builds_strictly_with_every_page_in_it(tmp_path):
     assert "mermaid" in (tmp_path / "site" / "architecture" / "index.html").read_text()
 
 
-def test_a_broken_link_fails_the_strict_build(tmp_path):
+def build_with_line_added(tmp_path, line: str):
+    """The site built from a copy of the docs whose getting-started page ends with `line`."""
     shutil.copy(REPO / "mkdocs.yml", tmp_path / "mkdocs.yml")
     shutil.copytree(REPO / "docs", tmp_path / "docs")
     page = tmp_path / "docs" / "getting-started.md"
-    page.write_text(page.read_text() + "\nSee [a page that is not there](no-such-page.md).\n")
-    done = build(tmp_path, tmp_path / "site")
+    page.write_text(page.read_text() + f"\n{line}\n")
+    return build(tmp_path, tmp_path / "site")
+
+
+def test_a_broken_link_fails_the_strict_build(tmp_path):
+    done = build_with_line_added(tmp_path, "See [a page that is not there](no-such-page.md).")
     assert done.returncode != 0
     assert "no-such-page.md" in done.stdout + done.stderr
 
 
 def test_a_missing_anchor_fails_the_strict_build(tmp_path):
-    shutil.copy(REPO / "mkdocs.yml", tmp_path / "mkdocs.yml")
-    shutil.copytree(REPO / "docs", tmp_path / "docs")
-    page = tmp_path / "docs" / "getting-started.md"
-    page.write_text(page.read_text() + "\nSee [a section that is not there](results.md#no-such-section).\n")
-    done = build(tmp_path, tmp_path / "site")
+    done = build_with_line_added(tmp_path, "See [a section that is not there](results.md#no-such-section).")
     assert done.returncode != 0
     assert "no-such-section" in done.stdout + done.stderr
 

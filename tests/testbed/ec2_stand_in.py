@@ -36,6 +36,7 @@ from pathlib import Path
 import boto3
 
 from transientvod.spot.aws import INTERRUPTION_WARNING, describe_job_instances
+from transientvod.spot.aws_names import TAG_KEY
 from transientvod.testbed import cluster, sshd
 from transientvod.testbed.boot import boot
 from transientvod.testbed.record import require_record
@@ -69,7 +70,7 @@ class Ec2StandIn:
     def run(self) -> None:
         self.say("ready")
         while True:
-            for instance in describe_job_instances(self.ec2, "transientvod:job", self.job_tag,
+            for instance in describe_job_instances(self.ec2, TAG_KEY, self.job_tag,
                                                    states=["pending", "running", *GONE_STATES]):
                 instance_id, state = instance["InstanceId"], instance["State"]["Name"]
                 if state == "running" and instance_id not in self.host_of and instance_id not in self.gone:

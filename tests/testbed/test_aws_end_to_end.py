@@ -35,6 +35,7 @@ from conftest import REPO
 from test_private_disk import aws_environment, start_s3_on_head
 from testbed_support import require_testbed, testbed_factory  # noqa: F401 (a fixture)
 
+from transientvod.spot.aws_names import TAG_KEY
 from transientvod.testbed import sshd
 
 pytestmark = [require_testbed(), pytest.mark.slow]
@@ -187,7 +188,7 @@ LEFT_IN_AWS = f"""
 import boto3, json
 ec2, sqs, events, iam, s3 = (boto3.client(s, region_name={REGION!r}) for s in ("ec2", "sqs", "events", "iam", "s3"))
 left = []
-for r in ec2.describe_instances(Filters=[{{"Name": "tag:transientvod:job", "Values": [{JOB!r}]}},
+for r in ec2.describe_instances(Filters=[{{"Name": "tag:{TAG_KEY}", "Values": [{JOB!r}]}},
         {{"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]}}])["Reservations"]:
     left += [("instance", i["InstanceId"], i["State"]["Name"]) for i in r["Instances"]]
 left += [("queue", q) for q in sqs.list_queues().get("QueueUrls", [])]
