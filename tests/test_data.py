@@ -347,6 +347,31 @@ def test_digits_split_is_the_same_every_time(digits):
     assert load_dataset(DataConfig(dataset="digits"), seed=123).test_y.tolist() == digits.test_y.tolist()
 
 
+def test_digits_are_scikit_learns_images_and_split_bit_for_bit(digits):
+    """The loader reads scikit-learn's file without importing scikit-learn, and keeps its split
+    (digits_split.py): the tensors are those scikit-learn's own loader and split give."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    images = bunch.images.astype(np.float32)[:, None] / 16.0
+    train_x, test_x, train_y, test_y = train_test_split(images, bunch.target, test_size=0.2, random_state=0,
+                                                        stratify=bunch.target)
+    expected = data._normalized_dataset("digits", torch.from_numpy(train_x), torch.from_numpy(train_y),
+                                        torch.from_numpy(test_x), torch.from_numpy(test_y), num_classes=10)
+    for name in ("train_x", "train_y", "test_x", "test_y"):
+        assert torch.equal(getattr(digits, name), getattr(expected, name)), name
+    assert (digits.channel_mean, digits.channel_std) == (expected.channel_mean, expected.channel_std)
+
+
+def test_the_digits_loader_does_not_import_scikit_learn():
+    code = ("import sys; from transientvod.data import load_digits_dataset; load_digits_dataset(); "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'sklearn', 'scipy'}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 def test_digits_split_is_stratified(digits):
     train_counts = torch.bincount(digits.train_y, minlength=10)
     test_counts = torch.bincount(digits.test_y, minlength=10)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import codecs
 import gzip
 import hashlib
+import importlib.util
 import os
 import pickle
 import shutil
@@ -54,8 +55,7 @@ CIFAR10_TEST_BATCH = "test_batch"
 CIFAR10_IMAGE_SHAPE = (3, 32, 32)  # each row of b"data" is the R, G, B planes, each row-major
 DOWNLOAD_TIMEOUT_SECONDS = 60  # per blocking read, not for the whole 163 MB
 
-DIGITS_TEST_FRACTION = 0.2
-DIGITS_SPLIT_SEED = 0  # fixed, not the run's seed: every run is scored on the same test images
+DIGITS_CSV = "datasets/data/digits.csv.gz"  # inside the scikit-learn package
 SYNTHETIC_TEST_FRACTION = 0.2
 
 
@@ -126,17 +126,29 @@ def _normalized_dataset(name: str, train_x: torch.Tensor, train_y: torch.Tensor,
 # digits (scikit-learn)
 
 def load_digits_dataset() -> Dataset:
-    """scikit-learn's 1,797 handwritten 8x8 digits, split 80/20, stratified, the same everywhere."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    """scikit-learn's 1,797 handwritten 8x8 digits, split 80/20, stratified, the same everywhere.
 
-    digits = load_digits()
-    images = digits.images.astype(np.float32)[:, None] / 16.0  # pixel values are 0..16
-    train_x, test_x, train_y, test_y = train_test_split(
-        images, digits.target, test_size=DIGITS_TEST_FRACTION,
-        random_state=DIGITS_SPLIT_SEED, stratify=digits.target)
-    return _normalized_dataset("digits", torch.from_numpy(train_x), torch.from_numpy(train_y),
-                               torch.from_numpy(test_x), torch.from_numpy(test_y), num_classes=10)
+    Read from the file scikit-learn ships, without importing scikit-learn: that import (and
+    SciPy's under it) costs seconds in the launcher and in every worker of every job. The split
+    is scikit-learn's, kept in digits_split.py."""
+    from transientvod.digits_split import TEST_ROWS, TRAIN_ROWS
+
+    rows = np.loadtxt(digits_csv_path(), delimiter=",", dtype=np.float32)
+    images = rows[:, :-1].reshape(-1, 1, 8, 8) / 16.0  # pixel values are 0..16
+    labels = rows[:, -1].astype(np.int64)
+    train, test = np.array(TRAIN_ROWS), np.array(TEST_ROWS)
+    return _normalized_dataset("digits", torch.from_numpy(images[train]), torch.from_numpy(labels[train]),
+                               torch.from_numpy(images[test]), torch.from_numpy(labels[test]), num_classes=10)
+
+
+def digits_csv_path() -> Path:
+    """Where the installed scikit-learn keeps its digits (found, not imported)."""
+    spec = importlib.util.find_spec("sklearn")
+    path = Path(spec.submodule_search_locations[0]) / DIGITS_CSV if spec and spec.submodule_search_locations else None
+    if path is None or not path.is_file():
+        raise DataError(f"the digits data set ships with scikit-learn and {DIGITS_CSV} was not found in it; "
+                        "install scikit-learn (pip install scikit-learn) or choose another data.dataset.")
+    return path
 
 
 # ---------------------------------------------------------------------------------------------
