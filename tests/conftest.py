@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import ast
+import atexit
 import contextlib
+import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -72,6 +76,9 @@ class Job:
             else:  # a top-level key that is not a section: task
                 config[section] = values
         config["run"] = {"name": name, "output_dir": str(tmp_path / "runs")}
+        tracking = config.get("tracking", {})
+        if tracking.get("enabled", True) and not tracking.get("uri") and "MLFLOW_TRACKING_URI" not in os.environ:
+            seed_mlflow_store(tmp_path / "runs" / "mlflow.db")
         self.config = config
         self.step_seconds = step_seconds  # see job_environment
         self.run_dir = tmp_path / "runs" / name
@@ -230,6 +237,26 @@ def mlflow_browser():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def seed_mlflow_store(path: Path) -> None:
+    """An empty MLflow store at `path` (the job's default store), unless one is there: a copy of
+    one made once per session. MLflow makes a new SQLite store by running every schema migration
+    since its first release, 4-9 s of CPU on this machine, which every job would pay in its
+    launcher before it starts; the copy is at MLflow's current schema, so MLflow opens it as is.
+    Making a store from nothing is tested where that is the point (tests/tracking)."""
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(_empty_mlflow_store(), path)
+
+
+@functools.lru_cache(maxsize=None)
+def _empty_mlflow_store() -> Path:
+    directory = Path(tempfile.mkdtemp(prefix="transientvod-empty-mlflow-"))
+    new_mlflow_store(directory)
+    atexit.register(shutil.rmtree, directory, True)
+    return directory / "mlflow.db"
 
 
 def new_mlflow_store(directory: Path) -> str:

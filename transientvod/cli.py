@@ -59,6 +59,7 @@ from pathlib import Path
 from transientvod.config import DEFAULT_EXPERIMENT, DEFAULT_OUTPUT_DIR, Config, ConfigError, load_config
 from transientvod.launcher import LaunchError, format_summary, revocation, run_job, spot_hosts_command
 from transientvod.testbed import TestbedError
+from transientvod.process_exit import exit_now
 from transientvod.version import __version__
 
 # The exit code of a job or fleet that stopped because its projected spend reached its budget:
@@ -820,5 +821,10 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
+def console_main() -> None:
+    """The `transientvod` command (pyproject.toml's entry point)."""
+    exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

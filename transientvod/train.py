@@ -55,6 +55,7 @@ from transientvod.evaluation import evaluate
 from transientvod.exchange import GradientExchange, SynchronousStep
 from transientvod.channel_token import read_token
 from transientvod.job_channel import ChannelError, ChannelRecord, LocalRecord, fetch_config, is_channel_url
+from transientvod.process_exit import exit_now
 from transientvod.remote_hosts import RemoteHostsError, check_marker_seen
 from transientvod.schedule import OptimizerSchedule
 from transientvod.tasks import Task, TaskError, TaskFailed, load_task
@@ -365,4 +366,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
