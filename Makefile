@@ -1,6 +1,7 @@
 # Two commands do all the setup on a fresh machine:
 #   make demo   installs what is missing, then runs the main job on the embedded digits data
 #   make test   installs what is missing, then runs the tests
+#   make check  the fast tier alone (no real jobs; minutes)
 # On a GPU host, pick a CUDA build of torch: make install TORCH_SPEC="torch==2.13.0 --index-url <CUDA wheel index>"
 PYTHON ?= python3
 VENV ?= .venv
@@ -13,7 +14,7 @@ PYTEST_ARGS ?=
 CUDA_VENV ?= $(HOME)/.cache/transientvod/venv-cuda-torch2.14.1
 CUDA_TORCH_SPEC ?= torch==2.14.1
 
-.PHONY: install browser testbed-tools cuda-env demo test clean
+.PHONY: install browser testbed-tools cuda-env demo check test clean
 
 install: $(STAMP)
 
@@ -59,8 +60,20 @@ cuda-env:
 	    { tail -20 $(CUDA_VENV)/install.log; echo "make: installing $(CUDA_TORCH_SPEC) into $(CUDA_VENV) failed (log above)"; exit 1; }; \
 	  touch $(CUDA_VENV)/.installed; echo "make: $(CUDA_VENV) is ready"; fi
 
+# The tests in two tiers. The fast one (no real jobs) runs on two processes at once
+# (pytest-xdist): one test at a time keeps one core busy. The slow tests (real horovodrun jobs,
+# servers, a browser) already keep both busy, and the testbed's hosts share one subnet: those
+# run one at a time. Exit status 5 is "no test selected" (a PYTEST_ARGS that picks none of a tier).
+FAST_TIER := not slow and not testbed
+tier = $(PY) -m pytest $(1) $(PYTEST_ARGS) || [ $$? = 5 ]
+
+check: install testbed-tools
+	$(call tier,-n 2 -m "$(FAST_TIER)")
+	$(call tier,-m "testbed and not slow")
+
 test: install browser testbed-tools cuda-env
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(call tier,-n 2 -m "$(FAST_TIER)")
+	$(call tier,-m "not ($(FAST_TIER))")
 
 clean:
 	rm -rf runs .pytest_cache

@@ -70,6 +70,11 @@ class Job:
 
     def __init__(self, tmp_path: Path, name: str, step_seconds: float = 0.0, **sections):
         config = json.loads(json.dumps(TINY_JOB))
+        if "tracking" not in sections:
+            # MLflow costs every job seconds of CPU (its import in the launcher and in rank 0,
+            # its store, its sends) that only the tests about tracking look at: they name a
+            # tracking section (tracking={"enabled": True} at least), the others go without.
+            config["tracking"] = {"enabled": False}
         for section, values in sections.items():
             if isinstance(values, dict):
                 config.setdefault(section, {}).update(values)

@@ -41,7 +41,7 @@ def priced_job(job, tmp_path, monkeypatch):
     monkeypatch.delenv("TRANSIENTVOD_BUDGET_LEAD_SECONDS", raising=False)  # the default 30 s
     table = tmp_path / "prices.csv"
     table.write_text("instance_type,on_demand_usd_per_hour\ntestbox,3600\n")
-    return job("budget", train={"steps": STEPS, "commit_every": 10, "checkpoint_every": 20, "log_every": 10},
+    return job("budget", tracking={"enabled": True}, train={"steps": STEPS, "commit_every": 10, "checkpoint_every": 20, "log_every": 10},
                cost={"cloud": "aws", "market": "on-demand", "instance_type": "testbox", "price_table": str(table),
                      "budget_usd": 150.0})
 

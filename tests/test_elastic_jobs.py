@@ -128,7 +128,7 @@ def test_worker_killed_mid_step_survivors_roll_back_and_finish(job, tmp_path, vi
 
 
 def test_whole_job_killed_then_restarted_resumes_from_checkpoint(job, tmp_path):
-    j = job("restart", train={"steps": 500})
+    j = job("restart", tracking={"enabled": True}, train={"steps": 500})
     discovery = j.discovery(f"0={BOTH}")
     proc = j.start(discovery, tmp_path / "first.log")
     checkpoints = j.run_dir / "checkpoints"

@@ -3,7 +3,13 @@
 (launch/horovod-0.28.1-transient.patch)."""
 from __future__ import annotations
 
+import pytest
+
 from conftest import run_probe
+
+# A real horovodrun, and CPU time measured against a busy loop on the same machine: it runs in
+# the tier of one test at a time (Makefile), where no other test takes the cores it measures.
+pytestmark = pytest.mark.slow
 
 WAITS = ("synchronize_cpu", "allreduce_cpu", "broadcast_object_cpu", "wait_cpu", "optimizer_cpu",
          "evaluate_cpu", "broadcast_cpu", "state_sync_cpu", "commit_cpu")

@@ -27,7 +27,8 @@ def transientvod(*args):
 def calibration_run(tmp_path_factory):
     from conftest import Job
 
-    job = Job(tmp_path_factory.mktemp("calib"), "calib", train={"steps": 300, "log_every": 10})
+    job = Job(tmp_path_factory.mktemp("calib"), "calib", tracking={"enabled": True},
+              train={"steps": 300, "log_every": 10})
     done = job.run(job.discovery(f"0={BOTH}", "150=localhost:1"))
     assert done.returncode == 0, explain(done)
     return job

@@ -25,7 +25,7 @@ def test_a_spot_job_on_aws_is_billed_at_the_price_history(job, tmp_path, monkeyp
         rows = boto3.client("ec2").describe_spot_price_history(InstanceTypes=[GPU], AvailabilityZone=ZONE,
                                                                ProductDescriptions=["Linux/UNIX"])["SpotPriceHistory"]
         spot_price = float(next(r for r in rows if r["AvailabilityZone"] == ZONE)["SpotPrice"])
-        j = job("aws-spot", train={"steps": 100},
+        j = job("aws-spot", tracking={"enabled": True}, train={"steps": 100},
                 cluster={"min_np": 1, "max_np": 1, "network_interface": "lo"},
                 cost={"cloud": "aws", "instance_type": GPU, "market": "spot", "region": "us-east-1", "zone": ZONE})
         done = j.run(j.discovery("0=localhost:1"))

@@ -142,7 +142,7 @@ def digits_test_accuracy(model) -> float:
 
 @pytest.mark.slow
 def test_script_runs_through_the_launcher_while_a_host_leaves_and_comes_back(job):
-    j = script_job(job, "library", "--epochs", str(EPOCHS))
+    j = script_job(job, "library", "--epochs", str(EPOCHS), tracking={"enabled": True})
     done = j.run(j.discovery(f"0={BOTH}", "100=localhost:1", f"200={BOTH}"), timeout=240)
     assert done.returncode == 0, explain(done)
     summary = j.summary()

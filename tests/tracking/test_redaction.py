@@ -65,7 +65,7 @@ def test_a_job_logging_to_a_server_with_a_password_never_shows_it(job, tmp_path,
         # In the launcher's environment: horovodrun does not get it (it would put it on ssh
         # command lines); the workers log through the resolved config's tracking.uri instead.
         monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-        j = job("secret", train={"steps": 60}, cluster={"min_np": 1, "max_np": 1, "network_interface": "lo"})
+        j = job("secret", tracking={"enabled": True}, train={"steps": 60}, cluster={"min_np": 1, "max_np": 1, "network_interface": "lo"})
         done = j.run(j.discovery("0=localhost:1"))
         assert done.returncode == 0, explain(done)
         summary = j.summary()

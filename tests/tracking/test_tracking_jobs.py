@@ -18,11 +18,11 @@ BOTH = "localhost:1,127.0.0.1:1"
 
 
 def test_two_runs_are_logged_and_compare_reads_them_back(job, tmp_path):
-    on_demand = job("on-demand", train={"steps": 200}, cluster={"min_np": 1, "max_np": 1, "network_interface": "lo"},
+    on_demand = job("on-demand", tracking={"enabled": True}, train={"steps": 200}, cluster={"min_np": 1, "max_np": 1, "network_interface": "lo"},
                     cost={"market": "on-demand"})
     done = on_demand.run(on_demand.discovery("0=localhost:1"))
     assert done.returncode == 0, explain(done)
-    spot = job("spot", train={"steps": 300, "eval_every": 100})
+    spot = job("spot", tracking={"enabled": True}, train={"steps": 300, "eval_every": 100})
     done = spot.run(spot.discovery(f"0={BOTH}", "100=localhost:1", f"200={BOTH}"))
     assert done.returncode == 0, explain(done)
 
