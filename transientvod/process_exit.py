@@ -1,5 +1,5 @@
-"""`exit_now`: how the launcher and the workers end, as `sys.exit` would but without Python's
-teardown of every loaded module.
+"""`exit_now`: how the `transientvod` command ends, as `sys.exit` would but without Python's
+teardown of every loaded module (the workers do not use it yet: train.py says why).
 
 With torch, Horovod and MLflow loaded, that teardown takes 1-3 s of CPU and frees nothing the
 operating system would not: a job ends when its slowest worker has exited, so every job paid it

@@ -55,7 +55,6 @@ from transientvod.evaluation import evaluate
 from transientvod.exchange import GradientExchange, SynchronousStep
 from transientvod.channel_token import read_token
 from transientvod.job_channel import ChannelError, ChannelRecord, LocalRecord, fetch_config, is_channel_url
-from transientvod.process_exit import exit_now
 from transientvod.remote_hosts import RemoteHostsError, check_marker_seen
 from transientvod.schedule import OptimizerSchedule
 from transientvod.tasks import Task, TaskError, TaskFailed, load_task
@@ -366,4 +365,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_now(main())
+    # Not process_exit.exit_now, for now: with it, 2 of 10 job tests failed in one of three runs
+    # (tasks/test_task_jobs.py, examples/; not looked into). A guess: a worker that stops the
+    # job (exit 3) and is gone at once may be restarted by Horovod before the launcher has read
+    # its job error and stopped horovodrun.
+    sys.exit(main())
