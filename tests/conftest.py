@@ -247,7 +247,7 @@ def mlflow_browser():
 def seed_mlflow_store(path: Path) -> None:
     """An empty MLflow store at `path` (the job's default store), unless one is there: a copy of
     one made once per session. MLflow makes a new SQLite store by running every schema migration
-    since its first release, 4-9 s of CPU on this machine, which every job would pay in its
+    since its first release (3.7 s on this machine when idle, 9 s under load), which every job would pay in its
     launcher before it starts; the copy is at MLflow's current schema, so MLflow opens it as is.
     Making a store from nothing is tested where that is the point (tests/tracking)."""
     if path.exists():

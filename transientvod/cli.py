@@ -58,8 +58,8 @@ from pathlib import Path
 
 from transientvod.config import DEFAULT_EXPERIMENT, DEFAULT_OUTPUT_DIR, Config, ConfigError, load_config
 from transientvod.launcher import LaunchError, format_summary, revocation, run_job, spot_hosts_command
-from transientvod.testbed import TestbedError
 from transientvod.process_exit import exit_now
+from transientvod.testbed import TestbedError
 from transientvod.version import __version__
 
 # The exit code of a job or fleet that stopped because its projected spend reached its budget:
