@@ -28,9 +28,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transientvod.checkpoint import LocalCheckpointStore  # noqa: E402
-from transientvod.checkpoint_writer import BackgroundCheckpointWriter  # noqa: E402
+from transientvod.checkpoint.writer import BackgroundCheckpointWriter  # noqa: E402
 from transientvod.config import ModelConfig  # noqa: E402
-from transientvod.models import build_model, count_parameters  # noqa: E402
+from transientvod.tasks.resnet.models import build_model, count_parameters  # noqa: E402
 
 GOAL_RATIO = 1.5
 CONFIG_YAML = "benchmark: checkpoint_step\n"

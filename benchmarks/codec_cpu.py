@@ -13,7 +13,7 @@ DistributedOptimizer, as in training. Per codec, over its timed steps (after 20 
 - CPU: ms a step of each rank's process (every thread), the mean over ranks; of it, `main`
   on the thread that trains (the mean over ranks) and `others` on the rest (Horovod's
   background thread, Gloo's);
-- rank 0's calling-thread CPU in the protocol's parts: the fused kernels (`transientvod.ops`:
+- rank 0's calling-thread CPU in the protocol's parts: the fused kernels (`transientvod.gradients.ops`:
   encode, the owner's sum, decode; with their argument checks), the packing into and out of
   the collectives' buffers (`codecs/framing.py`, `codecs/packing.py`), and starting the
   alltoalls (`Wire`);
@@ -63,12 +63,12 @@ def worker(steps: int, rounds: int, staleness: int, bucket_elements: int | None)
     import torch
 
     import horovod.torch as hvd
-    from transientvod import ops
-    from transientvod.codecs import framing, wire
+    from transientvod.gradients import ops
+    from transientvod.gradients.codecs import framing, wire
     from transientvod.config.schema import DataConfig, ModelConfig
-    from transientvod.data import load_dataset
-    from transientvod.exchange import GradientExchange, SynchronousStep
-    from transientvod.models import build_model
+    from transientvod.tasks.resnet.data import load_dataset
+    from transientvod.gradients.exchange import GradientExchange, SynchronousStep
+    from transientvod.tasks.resnet.models import build_model
 
     hvd.init()
     torch.set_num_threads(1)

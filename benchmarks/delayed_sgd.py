@@ -41,10 +41,10 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from transientvod.config.schema import ModelConfig, OptimizerConfig  # noqa: E402
-from transientvod.data import load_digits_dataset  # noqa: E402
-from transientvod.elastic import LearningRateRule, StalenessRule  # noqa: E402
-from transientvod.models import build_model  # noqa: E402
-from transientvod.evaluation import count_correct  # noqa: E402
+from transientvod.tasks.resnet.data import load_digits_dataset  # noqa: E402
+from transientvod.tasks.resnet.models import build_model  # noqa: E402
+from transientvod.worker.evaluation import count_correct  # noqa: E402
+from transientvod.worker.schedule import LearningRateRule, StalenessRule  # noqa: E402
 
 VARIANTS = ("sync", "rule", "tail", "dc", "lrx2", "m=0.5")
 WORKERS, BATCH = 4, 16  # benchmarks/exchange.py's job

@@ -38,9 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testbed import (RESNET32, MachineLoad, busy_share, cpu_ms_per_step, job_config, job_directory,  # noqa: E402
                      job_env, ms_per_step, run_to_end, steps_per_second, testbed)
-from transientvod.codecs import payload_bytes  # noqa: E402
 from transientvod.config.schema import ModelConfig  # noqa: E402
-from transientvod.models import build_model, count_parameters  # noqa: E402
+from transientvod.gradients.codecs import payload_bytes  # noqa: E402
+from transientvod.tasks.resnet.models import build_model, count_parameters  # noqa: E402
 from transientvod.testbed import cluster  # noqa: E402
 from transientvod.testbed.rehearsal import Rehearsal  # noqa: E402
 
@@ -75,7 +75,7 @@ def run_exchange(record, out: str, bandwidth: str, codec: str, staleness: int, s
         with MachineLoad() as load:
             extra = {"HOROVOD_TIMELINE": str((directory / "timeline.json").resolve())} if timeline else {}
             run_to_end(job, job.cloud_hosts(), job_env(step_seconds, **extra), timeout=max(1800, steps * 3))
-        # Which cut the ring kept (transientvod/bucket_tuning.py), from rank 0's log, whole: it
+        # Which cut the ring kept (transientvod/gradients/bucket_tuning.py), from rank 0's log, whole: it
         # comes early in a long job.
         for line in job.log_path.read_text(errors="replace").splitlines():
             if "bucket tuning " in line:

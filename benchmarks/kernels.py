@@ -32,8 +32,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from transientvod import ops  # noqa: E402
-from transientvod.ops import reference  # noqa: E402
+from transientvod.gradients import ops  # noqa: E402
+from transientvod.gradients.ops import reference  # noqa: E402
 
 GOAL_SIZE = 16 << 20
 GOAL_TRIAD_RATIO = 0.7

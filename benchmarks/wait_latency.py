@@ -36,7 +36,7 @@ def worker(ops: int, rounds: int) -> None:
     import horovod.torch as hvd
 
     sys.path.insert(0, str(REPO))
-    from transientvod.horovod_wait import wait
+    from transientvod.gradients.horovod_wait import wait
 
     def yield_loop(handle):
         while not hvd.poll(handle):

@@ -5,7 +5,7 @@ is built:
   auto (default)  when torch is a CUDA build and nvcc is found; otherwise nothing is built
   1               always; stops with one sentence naming what is missing
   0               never
-Without the extension, transientvod.ops.cuda compiles csrc/cuda/compress.cuh with cupy (NVRTC)
+Without the extension, transientvod.gradients.ops.cuda compiles csrc/cuda/compress.cuh with cupy (NVRTC)
 at run time, and CPU tensors never need it. torch must be importable while setup.py runs, so on
 a GPU host build with `TRANSIENTVOD_BUILD_CUDA=1 pip install -e . --no-build-isolation --use-pep517`
 (pip's default isolated build environment has no torch: "auto" then builds nothing; and without

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import picture  # noqa: E402  (docs/picture.py)
 from transientvod.config.schema import SpotConfig  # noqa: E402
-from transientvod.spot.trace import load_trace, select_run  # noqa: E402
+from transientvod.spot.providers.trace import load_trace, select_run  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "testbed.json"
 TRACE = REPO / "benchmarks" / "traces" / "three_revocations.csv"

@@ -25,8 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 if not __package__:  # run as a file from a checkout: the package is beside launch/
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transientvod.channel_token import home, install_on, installed_list  # noqa: E402
-from transientvod.spot.ssh_reach import MAX_PARALLEL, remote_hosts  # noqa: E402
+from transientvod.channel.token import home, install_on, installed_list  # noqa: E402
+from transientvod.spot.reach.ssh import MAX_PARALLEL, remote_hosts  # noqa: E402
 
 
 def read_installed(token_file: str) -> set[str]:

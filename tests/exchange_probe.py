@@ -21,8 +21,8 @@ import torch
 
 import horovod.torch as hvd
 
-from transientvod.bucket_tuning import BucketTuner, cuts
-from transientvod.exchange import GradientExchange, SynchronousStep
+from transientvod.gradients.bucket_tuning import BucketTuner, cuts
+from transientvod.gradients.exchange import GradientExchange, SynchronousStep
 
 CODECS = ("none", "fp16", "bf16", "int8")
 COMPRESSED = ("fp16", "bf16", "int8")

@@ -30,10 +30,10 @@ from torch.utils.data import TensorDataset
 import horovod.torch as hvd
 
 from transientvod.config import ModelConfig
-from transientvod.data import load_digits_dataset
-from transientvod.models import build_model
-from transientvod.elastic import CommitVote
-from transientvod.evaluation import count_correct, evaluate
+from transientvod.tasks.resnet.data import load_digits_dataset
+from transientvod.tasks.resnet.models import build_model
+from transientvod.worker.commit import CommitVote
+from transientvod.worker.evaluation import count_correct, evaluate
 
 
 def buffers_checksum(model: torch.nn.Module) -> int:

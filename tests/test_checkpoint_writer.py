@@ -17,7 +17,7 @@ import torch
 
 from conftest import moto_aws
 from transientvod.checkpoint import CheckpointError, LocalCheckpointStore
-from transientvod.checkpoint_writer import BackgroundCheckpointWriter, cpu_snapshot
+from transientvod.checkpoint.writer import BackgroundCheckpointWriter, cpu_snapshot
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_YAML = "train:\n  steps: 400\n"
@@ -113,7 +113,7 @@ def test_background_write_round_trips_and_returns_while_the_store_writes(tmp_pat
 
 
 def test_snapshots_requested_during_a_write_coalesce_to_the_newest(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="transientvod.checkpoint_writer")
+    caplog.set_level(logging.INFO, logger="transientvod.checkpoint.writer")
     store = GatedStore(tmp_path)
     writer = BackgroundCheckpointWriter(store)
     writer.submit(100, training_state(100), CONFIG_YAML)
@@ -155,7 +155,7 @@ KILLED_MID_WRITE = """
 import os, sys, time
 import torch
 from transientvod.checkpoint import local
-from transientvod.checkpoint_writer import BackgroundCheckpointWriter
+from transientvod.checkpoint.writer import BackgroundCheckpointWriter
 
 write_durably = local._write_durably
 def stalled_write(path, data):

@@ -21,7 +21,7 @@ CUDA_VENV = Path(os.environ.get("TRANSIENTVOD_CUDA_VENV",
 CUDA_PYTHON = CUDA_VENV / "bin" / "python"
 CHECK = REPO / "tests" / "cuda_build" / "check_extension.py"
 
-# The op contract, as csrc/ops.cpp declares it and transientvod/ops/cuda.py calls it.
+# The op contract, as csrc/ops.cpp declares it and transientvod/gradients/ops/cuda.py calls it.
 SCHEMAS = {
     "compress_ef_": "transientvod::compress_ef_(Tensor grad, Tensor(a!) residual, Tensor(b!) payload, "
                     "float weight, Tensor(c!)? scales, int block, Tensor(d!) flag) -> ()",
@@ -68,7 +68,7 @@ def test_the_ops_have_the_declared_schemas(report):
 
 
 def test_every_op_has_a_cuda_and_a_meta_kernel_and_no_cpu_one(report):
-    # CPU tensors go to the numba kernels (transientvod/ops/cpu.py), never to the extension.
+    # CPU tensors go to the numba kernels (transientvod/gradients/ops/cpu.py), never to the extension.
     assert report["kernels"] == {name: ["CUDA", "Meta"] for name in SCHEMAS}
 
 

@@ -1,7 +1,7 @@
 """The CUDA kernels' arithmetic, run on the CPU: tests/cuda_host/harness.cu compiles the element
 functions of csrc/cuda/compress.cuh (encode, decode, the residual update, quantize_one, ...) for
 the host with nvcc, and each op built from them must match the torch reference
-(transientvod/ops/reference.py) bit for bit: payload bits, residual bits, scales, codes, the
+(transientvod/gradients/ops/reference.py) bit for bit: payload bits, residual bits, scales, codes, the
 non-finite flag, and NaN at the same positions (a NaN's own bits may differ, as the op contract
 allows). Inputs: every fp16 and bf16 bit pattern, every rounding midpoint of both formats and
 of int8 (and the float32 values one ulp either side), and random inputs with NaN/Inf.
@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 
-from transientvod.ops import reference
+from transientvod.gradients.ops import reference
 
 ROOT = Path(__file__).resolve().parents[1]
 HARNESS_SOURCE = ROOT / "tests" / "cuda_host" / "harness.cu"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from transientvod.ops import cuda
+from transientvod.gradients.ops import cuda
 
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"

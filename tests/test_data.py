@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from transientvod import data
 from transientvod.config import DataConfig
-from transientvod.data import (DataError, extract_archive, load_cifar10, load_dataset, load_digits_dataset,
+from transientvod.tasks.resnet import data
+from transientvod.tasks.resnet.data import (DataError, extract_archive, load_cifar10, load_dataset, load_digits_dataset,
                                make_synthetic, read_cifar10_batch, verify_md5)
 
 IMAGES_PER_BATCH = 10
@@ -365,7 +365,7 @@ def test_digits_are_scikit_learns_images_and_split_bit_for_bit(digits):
 
 
 def test_the_digits_loader_does_not_import_scikit_learn():
-    code = ("import sys; from transientvod.data import load_digits_dataset; load_digits_dataset(); "
+    code = ("import sys; from transientvod.tasks.resnet.data import load_digits_dataset; load_digits_dataset(); "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'sklearn', 'scipy'}))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -429,6 +429,6 @@ def test_load_dataset_dispatch():
 
 
 def test_data_module_does_not_import_horovod():
-    code = "import sys, transientvod.data; print(sorted(m for m in sys.modules if m.startswith('horovod')))"
+    code = "import sys, transientvod.tasks.resnet.data; print(sorted(m for m in sys.modules if m.startswith('horovod')))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

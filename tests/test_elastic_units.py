@@ -9,7 +9,13 @@ import horovod.torch as hvd
 import pytest
 import torch
 
-from transientvod.elastic import NO_VOTE, CommitPolicy, LearningRateRule, ShardSampler, StalenessRule, Vote
+from transientvod.gradients.staleness import StalenessRule
+
+from transientvod.worker.commit import CommitPolicy, NO_VOTE, Vote
+
+from transientvod.worker.schedule import LearningRateRule
+
+from transientvod.worker.state import ShardSampler
 
 
 @pytest.fixture(scope="module", autouse=True)

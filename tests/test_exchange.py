@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from conftest import explain, run_probe
-from transientvod.codecs import ShardLayout, payload_bytes
-from transientvod.exchange import GradientExchange
+from transientvod.gradients.codecs import ShardLayout, payload_bytes
+from transientvod.gradients.exchange import GradientExchange
 
 CODECS = ("none", "fp16", "bf16", "int8")
 # Worst-case error of the average, as a multiple of the largest gradient magnitude: each
 # sender's rounding (half an ulp or half a scale) and the owner's rounding of the average.
 BOUNDS = {"none": 1e-6, "fp16": 2.0 ** -10, "bf16": 2.0 ** -8, "int8": 2.0 / 127}
-# Written out here, not read from transientvod.codecs.payload_bytes: the byte tests check the
+# Written out here, not read from transientvod.gradients.codecs.payload_bytes: the byte tests check the
 # product against the issue's protocol, so the expected figures must not come from the product.
 PAYLOAD_BYTES = {"fp16": 2, "bf16": 2, "int8": 1}
 CHECKS_BY_WORLD = {
@@ -269,7 +269,7 @@ def test_the_config_defaults_are_the_exchange_defaults():
     import inspect
 
     from transientvod.config.schema import ExchangeConfig
-    from transientvod.exchange import MIN_COMPRESS_ELEMENTS
+    from transientvod.gradients.exchange import MIN_COMPRESS_ELEMENTS
     defaults = inspect.signature(GradientExchange).parameters
     assert ExchangeConfig().min_compress_elements == MIN_COMPRESS_ELEMENTS == defaults["min_compress_elements"].default
     assert ExchangeConfig().bucket_elements is None and defaults["bucket_elements"].default is None
@@ -279,7 +279,7 @@ def test_the_default_buckets_follow_the_staleness():
     """Unset, bucket_elements cuts the gradient in BACKWARD_BUCKETS buckets at staleness 0
     (they start during backward), none under BUCKET_ELEMENTS, and in one bucket when stale,
     where s steps hide the exchange and every bucket costs CPU. A given size wins."""
-    from transientvod.exchange import BACKWARD_BUCKETS, BUCKET_ELEMENTS
+    from transientvod.gradients.exchange import BACKWARD_BUCKETS, BUCKET_ELEMENTS
 
     def cut(sizes, staleness, **options):
         params = [torch.nn.Parameter(torch.zeros(n)) for n in sizes]
@@ -295,7 +295,7 @@ def test_the_default_buckets_follow_the_staleness():
 
 
 def test_bucket_tuning_tries_the_default_cut_then_the_other_unless_they_cut_alike():
-    from transientvod.bucket_tuning import cuts
+    from transientvod.gradients.bucket_tuning import cuts
 
     def params(*sizes):
         return [torch.nn.Parameter(torch.zeros(n)) for n in sizes]
@@ -444,7 +444,7 @@ def test_bytes_per_element_per_worker_are_constant_in_n(world):
 
 @pytest.mark.slow
 def test_a_stale_job_warms_up_synchronously_then_lowers_its_momentum(job):
-    """exchange.sync_warmup and stale_momentum through the training loop (elastic.StalenessRule)."""
+    """exchange.sync_warmup and stale_momentum through the training loop (staleness.StalenessRule)."""
     j = job("stale-momentum", exchange={"staleness": 2, "codec": "fp16", "compress_after": 0.0},
             optimizer={"warmup_steps": 20, "momentum": 0.9}, train={"steps": 60})
     done = j.run(j.discovery("0=localhost:1,127.0.0.1:1"), timeout=180)

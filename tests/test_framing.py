@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from transientvod.codecs import ShardLayout
-from transientvod.codecs.framing import Bare, Framed, Received
+from transientvod.gradients.codecs import ShardLayout
+from transientvod.gradients.codecs.framing import Bare, Framed, Received
 
 BLOCK = 512
 NUMEL = 3 * BLOCK + 77  # shards differ in size, and int8's last block is short

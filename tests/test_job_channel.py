@@ -1,4 +1,4 @@
-"""The launcher's channel to workers on hosts that share no disk (job_channel.py): a real HTTP
+"""The launcher's channel to workers on hosts that share no disk (channel/): a real HTTP
 server on 127.0.0.1 and the worker's real client. The jobs that use it run on the testbed
 (tests/testbed/test_private_disk.py)."""
 from __future__ import annotations
@@ -11,7 +11,9 @@ import urllib.request
 
 import pytest
 
-from transientvod.job_channel import (TOKEN_HEADER, ChannelError, ChannelRecord, JobChannel, fetch_config)
+from transientvod.channel.protocol import TOKEN_HEADER, ChannelError
+from transientvod.channel.records import ChannelRecord, fetch_config
+from transientvod.channel.server import JobChannel
 
 CONFIG = "run:\n  name: demo\n"
 
@@ -112,10 +114,10 @@ def test_a_worker_on_a_host_that_does_not_share_the_local_checkpoint_dir_says_so
     # The launcher leaves its marker in a local checkpoint.dir while a job with remote hosts
     # runs; a worker on a host that joined later, with its own disk there, does not see it.
     from transientvod.config import load_config
-    from transientvod.remote_hosts import LAUNCHER_MARKER, RemoteHostsError, check_marker_seen
+    from transientvod.checkpoint.shared_disk import LAUNCHER_MARKER, SharedDiskError, check_marker_seen
 
     config = load_config(None, [f"run.output_dir={tmp_path / 'runs'}"])
-    with pytest.raises(RemoteHostsError) as unseen:
+    with pytest.raises(SharedDiskError) as unseen:
         check_marker_seen(config, "tvd-h3")
     message = str(unseen.value)
     assert "(tvd-h3) does not share" in message and "s3://" in message and "\n" not in message

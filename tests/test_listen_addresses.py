@@ -63,7 +63,7 @@ def role_of(argv: list[str]) -> str:
     program = argv[1:3] if len(argv) > 1 and argv[1] in ("-m", "-c") else argv[1:2]
     if any(os.path.basename(arg) == "horovodrun" for arg in argv[:1] + program):
         return "driver"
-    if program[:2] == ["-m", "transientvod.train"] or (program[:1] == ["-c"] and "hvd.init()" in program[1]):
+    if program[:2] == ["-m", "transientvod.worker.train"] or (program[:1] == ["-c"] and "hvd.init()" in program[1]):
         return "worker"
     return "other"
 

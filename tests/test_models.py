@@ -3,10 +3,11 @@ import pytest
 import torch
 from torch import nn
 
-from transientvod import config, models
+from transientvod import config
 from transientvod.config import ModelConfig
-from transientvod.data import make_synthetic
-from transientvod.models import BasicBlock, CifarResNet, ZeroPadShortcut, build_model, count_parameters
+from transientvod.tasks.resnet import models
+from transientvod.tasks.resnet.data import make_synthetic
+from transientvod.tasks.resnet.models import BasicBlock, CifarResNet, ZeroPadShortcut, build_model, count_parameters
 
 RESNET32_PARAMETERS = 464_154  # the number models.py's docstring states
 DEMO_PARAMETERS = 19_074  # depth 8, width 8, 1 input channel, 10 classes

@@ -1,4 +1,4 @@
-"""The fused compression ops (`transientvod.ops`) against their plain-PyTorch oracle.
+"""The fused compression ops (`transientvod.gradients.ops`) against their plain-PyTorch oracle.
 
     .venv/bin/python -m pytest -q tests/test_ops.py
 
@@ -16,8 +16,8 @@ import importlib.util
 import pytest
 import torch
 
-from transientvod import ops
-from transientvod.ops import reference as ref
+from transientvod.gradients import ops
+from transientvod.gradients.ops import reference as ref
 
 HAS_NUMBA = importlib.util.find_spec("numba") is not None
 HAS_CUDA = torch.cuda.is_available()
@@ -569,7 +569,7 @@ def test_bad_call_is_a_value_error_sentence(case):
 
 
 def test_environment_forces_the_reference_on_cpu(monkeypatch):
-    from transientvod.ops import cpu
+    from transientvod.gradients.ops import cpu
 
     def numba_must_not_run(*args, **kwargs):
         raise AssertionError("the numba kernel ran although TRANSIENTVOD_KERNELS=torch")

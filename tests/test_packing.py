@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transientvod.codecs import ShardLayout
-from transientvod.codecs.packing import (SegmentLayout, pack_copies, pack_shards, segment_bytes, unpack_rows,
+from transientvod.gradients.codecs import ShardLayout
+from transientvod.gradients.codecs.packing import (SegmentLayout, pack_copies, pack_shards, segment_bytes, unpack_rows,
                                          unpack_segments)
 
 PAYLOADS = [torch.float16, torch.bfloat16, torch.int8]

@@ -11,7 +11,7 @@ from conftest import heavy_modules_imported
 from transientvod.planner.speed import SpeedModel, calibrate_k80, scaled
 from transientvod.planner.study_data import (CENSORED_AT_S, GPU_TYPES, Lifetimes, PlanError, load_lifetimes,
                                              ondemand_runs, ps_curve, trace_runs)
-from transientvod.spot.trace import SHIPPED_TRACES
+from transientvod.spot.providers.trace import SHIPPED_TRACES
 
 HOUR = 3600.0
 

@@ -133,7 +133,7 @@ def test_the_horovodrun_command_parses_and_its_discovery_script_prints_the_hosts
     monkeypatch.setattr(sys, "argv", argv)
     args = parse_args()
     assert (args.min_num_proc, args.max_num_proc) == (2, 8) and args.host_discovery_script
-    assert args.command[:3] == ["python", "-m", "transientvod.train"] and find_spec("transientvod.train")
+    assert args.command[:3] == ["python", "-m", "transientvod.worker.train"] and find_spec("transientvod.worker.train")
     discovery = shlex.split(args.host_discovery_script)
     assert discovery[:2] == ["python", "launch/spot_hosts.py"]
     state_file = discovery[discovery.index("--state-file") + 1]
@@ -148,7 +148,7 @@ def test_the_horovodrun_command_parses_and_its_discovery_script_prints_the_hosts
 
 def test_the_six_steps_config_loads_with_the_train_steps_overrides(tmp_path):
     from transientvod.config import load_config
-    from transientvod.spot.aws_setup import config_fragment
+    from transientvod.spot.provisioning.aws_setup import config_fragment
     [cat] = [c for c in ALL_COMMANDS if c.startswith("cat ")]
     [train] = [c for c in six_step_commands() if c.startswith("transientvod train")]
     (tmp_path / "configs").symlink_to(REPO / "configs")

@@ -1,4 +1,4 @@
-"""The optimizer's hyperparameters each step (transientvod/schedule.py), for any torch optimizer:
+"""The optimizer's hyperparameters each step (transientvod/worker/schedule.py), for any torch optimizer:
 every group's rate keeps its proportion to the first's, and the momentum under staleness is
 SGD's `momentum` or the Adam family's beta1, lowered by s/(s+1) once the synchronous warm-up ends."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from transientvod.config import load_config
-from transientvod.schedule import OptimizerSchedule
+from transientvod.worker.schedule import OptimizerSchedule
 
 STALE = ["exchange.staleness=2", "optimizer.warmup_steps=10", "optimizer.schedule=constant",
          "optimizer.lr_scaling=none"]

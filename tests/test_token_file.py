@@ -8,8 +8,8 @@ import secrets
 
 import pytest
 
-from transientvod import channel_token
-from transientvod.channel_token import TOKEN_FILE_ENV, TokenError, read_token, write_token_file
+from transientvod.channel import token as channel_token
+from transientvod.channel.token import TOKEN_FILE_ENV, TokenError, read_token, write_token_file
 
 
 @pytest.fixture

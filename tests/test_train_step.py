@@ -1,4 +1,4 @@
-"""The worker's step path (transientvod/train.py): sharded evaluation, the background
+"""The worker's step path (transientvod/worker/train.py): sharded evaluation, the background
 checkpoint in a job, the notice vote and how often it is asked. Real Horovod: single-process `hvd.init()`
 for the pieces, `horovodrun` (Gloo) for what needs two ranks."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ import torch
 from conftest import explain, run_probe
 from transientvod.checkpoint import LocalCheckpointStore
 from transientvod.config import config_from_yaml
-from transientvod.data import load_dataset
-from transientvod.models import build_model
-from transientvod.evaluation import count_correct, evaluation_slice
+from transientvod.tasks.resnet.data import load_dataset
+from transientvod.tasks.resnet.models import build_model
+from transientvod.worker.evaluation import count_correct, evaluation_slice
 
 # -- sharded evaluation -------------------------------------------------------------------------
 
@@ -88,7 +88,7 @@ def test_a_commit_wanted_by_one_rank_is_heard_by_every_rank_one_step_later():
 
 @pytest.mark.slow
 def test_votes_about_every_half_second_on_every_rank_alike_and_every_step_after_a_notice():
-    from transientvod.elastic import VOTE_STEPS_MAX
+    from transientvod.worker.commit import VOTE_STEPS_MAX
 
     rows = run_probe("step_probe.py", 2, "vote_cadence")
     assert len(rows) == 2
@@ -122,7 +122,7 @@ def test_more_slots_than_gpus_is_one_sentence_before_nccl_refuses(monkeypatch):
     machine, so torch's and Horovod's answers about it are stood in for."""
     import horovod.torch as hvd
 
-    from transientvod import worker_setup
+    from transientvod.worker import setup as worker_setup
     from transientvod.config import ConfigError
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 
-from transientvod.worker_env import worker_environment
+from transientvod.head.worker_env import worker_environment
 
 
 def test_a_tracking_uri_with_a_password_stays_in_the_launcher(caplog):
-    caplog.set_level(logging.WARNING, logger="transientvod.worker_env")
+    caplog.set_level(logging.WARNING, logger="transientvod.head.worker_env")
     env = worker_environment({"PATH": "/usr/bin", "MLFLOW_TRACKING_URI": "http://alice:s3cret@mlflow.internal:5000"})
     assert env == {"PATH": "/usr/bin"}
     warnings = [r.getMessage() for r in caplog.records]
@@ -17,7 +17,7 @@ def test_a_tracking_uri_with_a_password_stays_in_the_launcher(caplog):
 
 
 def test_a_tracking_uri_without_a_password_is_passed_on(caplog):
-    caplog.set_level(logging.WARNING, logger="transientvod.worker_env")
+    caplog.set_level(logging.WARNING, logger="transientvod.head.worker_env")
     for uri in ("http://mlflow.internal:5000", "sqlite:////srv/runs/mlflow.db", "http://alice@mlflow.internal:5000"):
         assert worker_environment({"MLFLOW_TRACKING_URI": uri}) == {"MLFLOW_TRACKING_URI": uri}
     assert caplog.records == []
@@ -34,7 +34,7 @@ def test_openmp_settings_reach_the_workers():
 def test_cloud_storage_settings_reach_the_workers_and_the_key_file_does_not(caplog):
     # A gs:// checkpoint.dir is written by rank 0 wherever it runs: the project and an
     # emulator's address are settings; a key file stays with the launcher.
-    caplog.set_level(logging.WARNING, logger="transientvod.worker_env")
+    caplog.set_level(logging.WARNING, logger="transientvod.head.worker_env")
     settings = {"GOOGLE_CLOUD_PROJECT": "tvd-study", "STORAGE_EMULATOR_HOST": "http://127.0.0.1:9023"}
     assert worker_environment({**settings, "GOOGLE_APPLICATION_CREDENTIALS": "/home/u/key.json"}) == settings
     assert "GOOGLE_APPLICATION_CREDENTIALS" in caplog.records[0].getMessage()

@@ -28,10 +28,12 @@ from torch.utils.data import TensorDataset
 
 import horovod.torch as hvd
 
-from transientvod.data import Dataset
-from transientvod.elastic import CommitPolicy, LearningRateRule, ShardSampler, TransientState
-from transientvod.horovod_wait import broadcast_parameters, wait, wait_for_distributed_optimizer
-from transientvod.evaluation import count_correct, evaluate
+from transientvod.gradients.horovod_wait import broadcast_parameters, wait, wait_for_distributed_optimizer
+from transientvod.tasks.resnet.data import Dataset
+from transientvod.worker.commit import CommitPolicy
+from transientvod.worker.evaluation import count_correct, evaluate
+from transientvod.worker.schedule import LearningRateRule
+from transientvod.worker.state import ShardSampler, TransientState
 
 LATE_SECONDS = 2.0
 

@@ -57,7 +57,7 @@ from importlib import resources
 from pathlib import Path
 
 from transientvod.config import DEFAULT_EXPERIMENT, DEFAULT_OUTPUT_DIR, Config, ConfigError, load_config
-from transientvod.launcher import LaunchError, format_summary, revocation, run_job, spot_hosts_command
+from transientvod.head.launcher import LaunchError, format_summary, revocation, run_job, spot_hosts_command
 from transientvod.process_exit import exit_now
 from transientvod.testbed import TestbedError
 from transientvod.version import __version__
@@ -114,7 +114,7 @@ def cmd_train(args) -> int:
 def cmd_doctor(args) -> int:
     import torch
 
-    from transientvod import ops
+    from transientvod.gradients import ops
 
     devices = [torch.device("cpu")] + ([torch.device("cuda", 0)] if torch.cuda.is_available() else [])
     ops_names = ("compress_ef_", "decompress_avg_", "decompress_sum_")
@@ -133,8 +133,8 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_watch(args) -> int:
-    from transientvod.spot.from_config import provider_from_config
-    from transientvod.spot.ssh_gate import gate_for
+    from transientvod.spot.providers.from_config import provider_from_config
+    from transientvod.spot.reach.gate import gate_for
     from transientvod.spot.watch import watch
 
     config = load_config(args.config, args.set)
@@ -217,7 +217,7 @@ WATCHDOG_DEFAULT_MINUTES = 10.0  # spot/watchdog.py's DEFAULT_MINUTES (tests/spo
 def fleet_user_data(args) -> str:
     """The join script for --ssh-public-key and its options; without a key, the watchdog alone
     (every instance of a fleet ends itself when the fleet's heartbeat stops)."""
-    from transientvod.spot.user_data import JoinSpec, UserDataError, join_script, read_public_key, watchdog_script
+    from transientvod.spot.provisioning.user_data import JoinSpec, UserDataError, join_script, read_public_key, watchdog_script
 
     if not args.ssh_public_key and (args.horovod_wheel or args.project_spec):
         raise ConfigError("--horovod-wheel and --project-spec go into the user data, which needs the "
@@ -242,7 +242,7 @@ def fleet_user_data(args) -> str:
 def fleet_instance_profile(args) -> str:
     """--instance-profile as given; by default the one `aws setup` made for the job tag, when it
     exists: the workers need its credentials for S3 checkpoints and the Horovod wheel."""
-    from transientvod.spot.aws_setup import setup_instance_profile
+    from transientvod.spot.provisioning.aws_setup import setup_instance_profile
 
     if args.instance_profile == "none":
         return ""
@@ -265,7 +265,7 @@ def fleet_instance_profile(args) -> str:
 def fleet_security_groups(args) -> list[str]:
     """--security-group-id as given; by default the group `aws setup` made for the job tag, when
     it exists: its members reach each other on every TCP port, as Gloo and Horovod need."""
-    from transientvod.spot.aws_setup import setup_security_group
+    from transientvod.spot.provisioning.aws_setup import setup_security_group
 
     if args.security_group_id:
         return list(args.security_group_id)
@@ -283,8 +283,8 @@ def cmd_fleet(args) -> int:
 
     from transientvod.billing.budget import BudgetError
     from transientvod.ending_signals import EndingSignal
-    from transientvod.spot.fleet import Fleet
-    from transientvod.spot.fleet_spec import FleetSpec
+    from transientvod.spot.provisioning.fleet import Fleet
+    from transientvod.spot.provisioning.fleet_spec import FleetSpec
 
     user_data = fleet_user_data(args)
     if args.print_user_data:
@@ -333,7 +333,7 @@ def cmd_fleet(args) -> int:
     except BudgetError as e:  # spent already: nothing was launched
         raise ConfigError(str(e)) from None
     except EndingSignal as e:  # run() has terminated every instance of the job by now
-        from transientvod.spot.provider import ProviderError
+        from transientvod.spot.providers.provider import ProviderError
         try:
             spent = f"; spent ${fleet.spent():.2f}"
         except ProviderError:  # the exit code still says which signal: the sum is only a report
@@ -377,8 +377,8 @@ def job_target(args) -> dict:
 def cmd_status(args) -> int:
     import json
 
-    from transientvod.spot.job_instances import JobInstances
-    from transientvod.spot.job_status import format_status, job_status
+    from transientvod.spot.provisioning.job_instances import JobInstances
+    from transientvod.spot.provisioning.job_status import format_status, job_status
 
     target = job_target(args)
     job = JobInstances(target["job_tag"], target["region"], target["endpoint_url"], whose="your")
@@ -403,7 +403,7 @@ def checkpoint_status(checkpoint_dir: str, endpoint_url: str | None) -> dict:
 def cmd_down(args) -> int:
     import json
 
-    from transientvod.spot.job_instances import JobInstances, describe_ended
+    from transientvod.spot.provisioning.job_instances import JobInstances, describe_ended
 
     target = job_target(args)
     job = JobInstances(target["job_tag"], target["region"], target["endpoint_url"], whose="your")
@@ -452,7 +452,7 @@ def fleet_hourly_cost(spec) -> str:
 
 
 def cmd_aws(args) -> int:
-    from transientvod.spot.aws_setup import AwsSetup, config_fragment
+    from transientvod.spot.provisioning.aws_setup import AwsSetup, config_fragment
 
     s3_prefix = ""
     if args.action == "setup" and (args.config or args.set):
@@ -810,9 +810,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # data, checkpoint and provider errors are user-fixable too
         from transientvod.billing.prices import PriceError
         from transientvod.checkpoint import CheckpointError
-        from transientvod.data import DataError
+        from transientvod.tasks.resnet.data import DataError
         from transientvod.planner.study_data import PlanError
-        from transientvod.spot.provider import ProviderError
+        from transientvod.spot.providers.provider import ProviderError
         from transientvod.tracking.store import TrackingError  # compare's CompareError is one too
         if isinstance(e, (DataError, CheckpointError, ProviderError, PriceError, TrackingError,
                           PlanError)):

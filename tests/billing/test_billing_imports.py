@@ -28,7 +28,7 @@ def test_every_billing_module_imports_only_what_lies_below_it():
 def test_importing_billing_loads_neither_torch_nor_horovod_nor_spot():
     code = ("import sys, transientvod.billing.job, transientvod.billing.budget; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'horovod') "
-            "or m.startswith(('transientvod.spot', 'transientvod.train'))))")
+            "or m.startswith(('transientvod.spot', 'transientvod.worker.train'))))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

@@ -1,6 +1,7 @@
-"""The checkpoint package sits low in the house: of the package's other modules it imports
-only the boto3 client factory (aws_clients, a leaf), and its own modules import one way
-(format <- store <- local, s3, gs <- __init__)."""
+"""The checkpoint package sits low in the house: of the package's other modules its stores
+import only the boto3 client factory (aws_clients, a leaf), and its own modules import one way
+(format <- store <- local, s3, gs <- __init__ <- writer, progress). The shared-disk check reads
+the config and asks hosts over SSH (spot's probe), and nothing else here imports it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,6 +21,10 @@ ALLOWED = {
                  "transientvod.checkpoint.local", "transientvod.checkpoint.s3", "transientvod.checkpoint.gs"},
     # The newest checkpoint's step and world size, for `transientvod status`: above the stores.
     "progress": {"transientvod.checkpoint", "transientvod.checkpoint.s3"},
+    # Rank 0's background writer: any store, through the package's interface.
+    "writer": {"transientvod.checkpoint"},
+    # Does every host see a local checkpoint.dir: the launcher's marker, probed over SSH.
+    "shared_disk": {"transientvod.config", "transientvod.spot.reach.ssh"},
 }
 
 

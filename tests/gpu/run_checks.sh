@@ -108,7 +108,7 @@ cat >"$logs/agree.py" <<'EOF'
 import numpy as np
 import torch
 
-from transientvod.ops import cpu, cuda
+from transientvod.gradients.ops import cpu, cuda
 
 ok, why = cuda.available()
 assert ok, why

@@ -54,7 +54,7 @@ def test_importing_transientvod_loads_no_torch_until_a_library_name_is_used():
 
 def test_the_workers_environment_keeps_the_job_config_variable():
     from transientvod import JOB_CONFIG_ENV
-    from transientvod.worker_env import worker_environment
+    from transientvod.head.worker_env import worker_environment
 
     assert worker_environment({JOB_CONFIG_ENV: "http://10.0.0.1:8000/config.yaml"}) == {
         JOB_CONFIG_ENV: "http://10.0.0.1:8000/config.yaml"}

@@ -19,10 +19,10 @@ import pytest
 
 from conftest import free_port, heavy_modules_imported, reset_moto
 
-from transientvod.spot.aws import (CAPACITY_RESERVATION_WARNING, INTERRUPTION_WARNING, REBALANCE_RECOMMENDATION,
-                                   AwsProvider, notice_from_event, notices_from_spot_requests)
 from transientvod.spot.hosts import GONE, NOTICED, USABLE
-from transientvod.spot.provider import ProviderError
+from transientvod.spot.providers.aws import (CAPACITY_RESERVATION_WARNING, INTERRUPTION_WARNING, REBALANCE_RECOMMENDATION,
+                                   AwsProvider, notice_from_event, notices_from_spot_requests)
+from transientvod.spot.providers.provider import ProviderError
 
 JOB = "resnet32-run7"
 NOW = 1_796_009_000.0
@@ -232,7 +232,7 @@ def test_capacity_reservation_warning_is_read_with_its_own_termination_time(aws)
 def test_bad_notice_events_get_one_sentence_each(aws, caplog):
     instance = aws.launch("g4dn.12xlarge")
     queue = aws.queue()
-    caplog.set_level(logging.INFO, logger="transientvod.spot.aws")
+    caplog.set_level(logging.INFO, logger="transientvod.spot.providers.aws")
     # No instance id: dropped with a sentence naming what is missing.
     aws.sqs.send_message(QueueUrl=queue, MessageBody=json.dumps(
         {"version": "0", "detail-type": CAPACITY_RESERVATION_WARNING, "source": "aws.ec2", "time": EVENT_TIME,
@@ -316,4 +316,4 @@ def test_options_are_checked():
 
 
 def test_importing_it_pulls_in_neither_torch_nor_horovod():
-    assert heavy_modules_imported("transientvod.spot.aws") == []
+    assert heavy_modules_imported("transientvod.spot.providers.aws") == []

@@ -27,9 +27,9 @@ import pytest
 from conftest import REPO, TRANSIENTVOD, reset_moto
 
 from transientvod.config import load_config
-from transientvod.spot import aws_names
-from transientvod.spot.aws import CAPACITY_RESERVATION_WARNING, INTERRUPTION_WARNING, REBALANCE_RECOMMENDATION
-from transientvod.spot.aws_names import STATE_CHANGE, SetupNames
+from transientvod.spot.providers.aws import CAPACITY_RESERVATION_WARNING, INTERRUPTION_WARNING, REBALANCE_RECOMMENDATION
+from transientvod.spot.provisioning import aws_names
+from transientvod.spot.provisioning.aws_names import STATE_CHANGE, SetupNames
 
 JOB = "resnet32-run7"
 REGION = "us-east-1"
@@ -487,8 +487,8 @@ def test_ctrl_c_removes_what_the_run_made_including_the_part_aws_had_just_made(c
     the worst moment. Python's own SIGINT handler turns it into KeyboardInterrupt."""
     import dataclasses
 
-    from transientvod.spot.aws_setup import AwsSetup
-    from transientvod.spot.provider import ProviderError
+    from transientvod.spot.provisioning.aws_setup import AwsSetup
+    from transientvod.spot.providers.provider import ProviderError
 
     setup = AwsSetup(JOB, REGION, endpoint_url=cloud.endpoint, session=cloud.session, say=lambda line: None)
     parts = setup.parts()

@@ -1,4 +1,4 @@
-"""The dynamic cluster (transientvod.spot.fleet) against a moto server on 127.0.0.1.
+"""The dynamic cluster (transientvod.spot.provisioning.fleet) against a moto server on 127.0.0.1.
 
 What moto does not do, and how the tests cope:
 - it accepts any image id in RunInstances, so the fleet checks the image with DescribeImages
@@ -19,9 +19,9 @@ import pytest
 
 from conftest import free_port, heavy_modules_imported, reset_moto
 
-from transientvod.spot.fleet import Fleet
-from transientvod.spot.fleet_spec import FleetSpec
-from transientvod.spot.provider import ProviderError
+from transientvod.spot.providers.provider import ProviderError
+from transientvod.spot.provisioning.fleet import Fleet
+from transientvod.spot.provisioning.fleet_spec import FleetSpec
 
 JOB = "resnet32-run7"
 GPU = "g4dn.xlarge"
@@ -316,7 +316,7 @@ def test_no_credentials_is_one_sentence(aws, tmp_path, monkeypatch):
 
 
 def test_importing_it_pulls_in_neither_torch_nor_horovod():
-    assert heavy_modules_imported("transientvod.spot.fleet") == []
+    assert heavy_modules_imported("transientvod.spot.provisioning.fleet") == []
 
 
 def test_an_error_in_run_still_terminates_everything(aws):

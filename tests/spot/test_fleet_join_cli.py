@@ -15,10 +15,10 @@ from conftest import REPO, TRANSIENTVOD, reset_moto
 from test_user_data import KEY, values_in_bash
 
 from transientvod.cli import launcher_torch
-from transientvod.spot.aws_setup import AwsSetup, setup_instance_profile, setup_security_group
-from transientvod.spot.fleet import Fleet
-from transientvod.spot.fleet_spec import FleetSpec
-from transientvod.spot.user_data import JoinSpec, join_script, watchdog_script
+from transientvod.spot.provisioning.aws_setup import AwsSetup, setup_instance_profile, setup_security_group
+from transientvod.spot.provisioning.fleet import Fleet
+from transientvod.spot.provisioning.fleet_spec import FleetSpec
+from transientvod.spot.provisioning.user_data import JoinSpec, join_script, watchdog_script
 
 JOB = "join-job"
 REGION = "us-east-1"

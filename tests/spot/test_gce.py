@@ -31,10 +31,10 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from conftest import free_port, heavy_modules_imported
 
 from transientvod.config import ConfigError, load_config
-from transientvod.spot.from_config import provider_from_config
-from transientvod.spot.gce import GCE_PREEMPTION_NOTICE_SECONDS, UNLISTED_SECONDS, GceProvider
 from transientvod.spot.hosts import GONE, NOTICED, USABLE
-from transientvod.spot.provider import ProviderError
+from transientvod.spot.providers.from_config import provider_from_config
+from transientvod.spot.providers.gce import GCE_PREEMPTION_NOTICE_SECONDS, UNLISTED_SECONDS, GceProvider
+from transientvod.spot.providers.provider import ProviderError
 
 PROJECT = "tvd-study"
 ZONES = ("us-east1-c", "us-west1-b", "europe-west4-a")
@@ -549,4 +549,4 @@ def test_the_config_needs_a_gce_label_and_builds_the_provider(cloud, tmp_path):
 
 
 def test_importing_it_pulls_in_neither_torch_nor_horovod():
-    assert heavy_modules_imported("transientvod.spot.gce") == []
+    assert heavy_modules_imported("transientvod.spot.providers.gce") == []

@@ -16,12 +16,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from conftest import heavy_modules_imported
-from transientvod.spot import notice_aws
 from transientvod.spot.hosts import GONE, NOTICED, HostState, HostStatus, write_host_state
-from transientvod.spot.notice_aws import Imdsv2NoticeSource
-from transientvod.spot.notice_gce import GceNoticeSource
-from transientvod.spot.notice_source import Notice, NoticeSource, NoticeSourceError
-from transientvod.spot.notices import HostStateNoticeSource, NoticeWatcher, notice_source
+from transientvod.spot.notices import aws as notice_aws
+from transientvod.spot.notices.aws import Imdsv2NoticeSource
+from transientvod.spot.notices.gce import GceNoticeSource
+from transientvod.spot.notices.source import Notice, NoticeSource, NoticeSourceError
+from transientvod.spot.notices.watcher import HostStateNoticeSource, NoticeWatcher, notice_source
 
 TERMINATE_ISO = "2017-09-18T08:22:00Z"
 TERMINATE_UNIX = datetime(2017, 9, 18, 8, 22, tzinfo=timezone.utc).timestamp()
@@ -557,7 +557,7 @@ def test_gce_notice_length_is_the_instances_preemption_notice_duration(gce, comp
 
 
 def test_gce_notice_length_unreadable_is_gces_default_said_once(gce, compute, caplog):
-    caplog.set_level(logging.WARNING, logger="transientvod.spot.notice_gce")
+    caplog.set_level(logging.WARNING, logger="transientvod.spot.notices.gce")
     _with_service_account(gce, compute["token"])
     compute["status"] = 403  # a service account without the compute scope
     gce.set("instance/preempted", "TRUE")
@@ -782,4 +782,4 @@ def test_notice_source_unknown_kind():
 
 
 def test_import_pulls_in_neither_torch_nor_horovod():
-    assert heavy_modules_imported("transientvod.spot.notices") == []
+    assert heavy_modules_imported("transientvod.spot.notices.watcher") == []

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from conftest import explain, step_seconds_to_outlast
-from transientvod.spot.from_config import local_host_names
+from transientvod.spot.providers.from_config import local_host_names
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ import time
 import yaml
 
 from conftest import wait_until
-from transientvod import launcher
 from transientvod.config import config_from_yaml
+from transientvod.head import launcher
 from transientvod.spot.hosts import NOTICED, USABLE, read_host_state, register_worker
 
 

@@ -1,4 +1,4 @@
-"""The watcher's SSH gate (spot/ssh_gate.py): running hosts join discovery only once the
+"""The watcher's SSH gate (spot/reach/gate.py): running hosts join discovery only once the
 launcher can log in. Here with a probe function of the test's own, for the gate's rules; on
 real hosts with real ssh in tests/testbed/test_ssh_gate_real_hosts.py."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 from transientvod.config import load_config
 from transientvod.spot.hosts import GONE, JOINING, NOTICED, USABLE, HostStatus
-from transientvod.spot.ssh_gate import SshGate, gate_for
+from transientvod.spot.reach.gate import SshGate, gate_for
 
 
 class Probe:

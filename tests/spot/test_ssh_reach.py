@@ -1,4 +1,4 @@
-"""The launcher's SSH preflight (spot/ssh_reach.py), on loopback only: which hosts are remote by
+"""The launcher's SSH preflight (spot/reach/ssh.py), on loopback only: which hosts are remote by
 Horovod's rule, and the one sentence when none answers. A wrong key on a real host (a testbed
 host that booted from the fleet's user data) is tests/testbed/test_fleet_join.py."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from conftest import REPO, TINY_JOB, TRANSIENTVOD, heavy_modules_imported
 
-from transientvod.spot import ssh_reach
+from transientvod.spot.reach import ssh as ssh_reach
 
 # 127.0.0.2 is loopback, but not an address of any interface (lo has 127.0.0.1/8): Horovod
 # calls it remote and would ssh to it. Nothing listens on its port 22 here.
@@ -63,4 +63,4 @@ def test_train_stops_before_horovodrun_when_no_listed_host_answers(tmp_path):
 
 
 def test_the_join_modules_import_neither_torch_nor_horovod():
-    assert heavy_modules_imported("transientvod.spot.ssh_reach", "transientvod.spot.user_data") == []
+    assert heavy_modules_imported("transientvod.spot.reach.ssh", "transientvod.spot.provisioning.user_data") == []

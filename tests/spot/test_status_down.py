@@ -18,10 +18,10 @@ from conftest import REPO, TRANSIENTVOD, reset_moto, wait_until
 
 from transientvod.billing.meter import billed_seconds
 from transientvod.config import Config
-from transientvod.launcher import end_job_instances, job_instances_ended_at_exit
-from transientvod.spot.fleet import Fleet
-from transientvod.spot.fleet_spec import FleetSpec
-from transientvod.spot.job_instances import ENDED_BY_TAG_KEY, JobInstances
+from transientvod.head.launcher import end_job_instances, job_instances_ended_at_exit
+from transientvod.spot.provisioning.fleet import Fleet
+from transientvod.spot.provisioning.fleet_spec import FleetSpec
+from transientvod.spot.provisioning.job_instances import ENDED_BY_TAG_KEY, JobInstances
 
 JOB = "status-job"
 GPU = "g4dn.xlarge"  # $0.526/h in the built-in on-demand table
@@ -262,7 +262,7 @@ def test_an_unreachable_cloud_at_the_end_is_one_sentence_naming_down(aws, capsys
 def test_the_shared_module_imports_neither_torch_nor_horovod():
     from conftest import heavy_modules_imported
 
-    assert heavy_modules_imported("transientvod.spot.job_instances", "transientvod.spot.job_status") == []
+    assert heavy_modules_imported("transientvod.spot.provisioning.job_instances", "transientvod.spot.provisioning.job_status") == []
 
 
 def test_status_finds_the_job_its_checkpoints_and_queue_through_the_config(aws, tmp_path):

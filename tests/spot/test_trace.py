@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from transientvod.spot.hosts import GONE, NOTICED, USABLE
-from transientvod.spot.provider import ProviderError
-from transientvod.spot.trace import TraceProvider, load_trace, select_run, shipped_trace
+from transientvod.spot.providers.provider import ProviderError
+from transientvod.spot.providers.trace import TraceProvider, load_trace, select_run, shipped_trace
 
 REPO = Path(__file__).resolve().parents[2]
 STUDY_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "gce-2019"
@@ -257,6 +257,6 @@ def test_select_run_rejects_unknown_runs():
 
 
 def test_importing_the_trace_provider_loads_no_torch_or_horovod():
-    code = "import transientvod.spot.trace, sys; assert 'torch' not in sys.modules and 'horovod' not in sys.modules"
+    code = "import transientvod.spot.providers.trace, sys; assert 'torch' not in sys.modules and 'horovod' not in sys.modules"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

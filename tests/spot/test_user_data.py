@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from transientvod.spot.user_data import (MAX_USER_DATA_BYTES, JoinSpec, UserDataError, join_script,
+from transientvod.spot.provisioning.user_data import (MAX_USER_DATA_BYTES, JoinSpec, UserDataError, join_script,
                                          read_public_key, watchdog_script)
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJIFiHFyUQYSvQltaNmx9WQ5R3tFyB5Ii0gMbWQtifbe alice@laptop"
@@ -126,7 +126,7 @@ def embedded_watchdog(script: str) -> str:
 def test_the_watchdog_starts_first_and_is_the_packages_own_program():
     import ast
 
-    from transientvod.spot import watchdog
+    from transientvod.spot.provisioning import watchdog
 
     script = join_script(spec(watchdog_minutes=2.5))
     assert "WATCHDOG_MINUTES=2.5\n" in script

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from transientvod.spot import watchdog
-from transientvod.spot.watchdog import Heartbeat, check_minutes
+from transientvod.spot.provisioning import watchdog
+from transientvod.spot.provisioning.watchdog import Heartbeat, check_minutes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))
 from fake_imds_tags import FakeImdsTags, stand_in_shutdown  # noqa: E402

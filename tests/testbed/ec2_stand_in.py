@@ -35,8 +35,8 @@ from pathlib import Path
 
 import boto3
 
-from transientvod.spot.aws import INTERRUPTION_WARNING, describe_job_instances
-from transientvod.spot.aws_names import TAG_KEY
+from transientvod.spot.providers.aws import INTERRUPTION_WARNING, describe_job_instances
+from transientvod.spot.provisioning.aws_names import TAG_KEY
 from transientvod.testbed import cluster, sshd
 from transientvod.testbed.boot import boot
 from transientvod.testbed.record import require_record

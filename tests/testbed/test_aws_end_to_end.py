@@ -35,7 +35,7 @@ from conftest import REPO
 from test_private_disk import aws_environment, start_s3_on_head
 from testbed_support import require_testbed, testbed_factory  # noqa: F401 (a fixture)
 
-from transientvod.spot.aws_names import TAG_KEY
+from transientvod.spot.provisioning.aws_names import TAG_KEY
 from transientvod.testbed import sshd
 
 pytestmark = [require_testbed(), pytest.mark.slow]

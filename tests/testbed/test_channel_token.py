@@ -25,7 +25,7 @@ import pytest
 from conftest import LOCAL_HOSTS, TINY_JOB, job_environment
 from testbed_support import command_lines, require_testbed, testbed_factory  # noqa: F401 (a fixture)
 
-from transientvod import channel_token
+from transientvod.channel import token as channel_token
 from transientvod.testbed import sshd
 from transientvod.testbed.rehearsal import Rehearsal
 
@@ -89,7 +89,7 @@ def run_the_job(testbed_factory, tmp_path: Path, runs: Path, tokens: Path) -> No
                 if planted in line and "time.sleep(900)" in line and not line.startswith("ssh "):
                     planted_seen = True  # the host's own process, not the head's ssh client
                 # horovodrun's worker command lines: the token file's name rides them, never the token.
-                if "transientvod.train" in line and f"{channel_token.TOKEN_FILE_ENV}=" in line:
+                if "transientvod.worker.train" in line and f"{channel_token.TOKEN_FILE_ENV}=" in line:
                     workers_seen |= {h.name for h in (h1, h2) if f"HOROVOD_HOSTNAME={h.name} " in line}
             time.sleep(0.2)
     finally:

@@ -14,7 +14,7 @@ pytestmark = [require_testbed()]
 GATE = """
 import sys
 from transientvod.spot.hosts import HostStatus
-from transientvod.spot.ssh_gate import SshGate
+from transientvod.spot.reach.gate import SshGate
 hosts = [HostStatus(name, 1) for name in sys.argv[1:]]
 print(" ".join(f"{h.name}={h.state}" for h in SshGate().settle(hosts, timeout=30)))
 """

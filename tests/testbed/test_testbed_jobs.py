@@ -259,7 +259,7 @@ def test_a_secret_in_the_launchers_environment_reaches_no_command_line_log_or_ru
                 leaks.append(line[:300])
             # The positive control: an allowed variable on a worker's ssh command line shows that
             # this scan sees the lines a leak would be on.
-            if line.startswith("ssh ") and "TRANSIENTVOD_STEP_SECONDS=" in line and "transientvod.train" in line:
+            if line.startswith("ssh ") and "TRANSIENTVOD_STEP_SECONDS=" in line and "transientvod.worker.train" in line:
                 seen_worker_ssh = True
         time.sleep(0.2)
     assert job.proc.returncode == 0, job.log()

@@ -22,7 +22,7 @@ from conftest import TRANSIENTVOD
 from fake_imds_tags import set_tag
 from testbed_support import require_testbed, testbed_factory  # noqa: F401 (a fixture)
 
-from transientvod.spot.watchdog import HEARTBEAT_TAG, MINUTE_SECONDS_ENV
+from transientvod.spot.provisioning.watchdog import HEARTBEAT_TAG, MINUTE_SECONDS_ENV
 from transientvod.testbed.boot import boot, shutdown_calls
 
 pytestmark = [require_testbed(), pytest.mark.slow]

@@ -19,8 +19,8 @@ import pytest
 from conftest import REPO, explain
 from testbed_support import require_testbed, testbed_factory  # noqa: F401 (a fixture)
 
+from transientvod.head.worker_env import worker_environment
 from transientvod.testbed import sshd
-from transientvod.worker_env import worker_environment
 
 pytestmark = [require_testbed(), pytest.mark.slow]
 

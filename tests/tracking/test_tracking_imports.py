@@ -32,8 +32,8 @@ def test_every_tracking_module_imports_only_what_lies_below_it():
 def test_importing_tracking_loads_neither_torch_nor_horovod_nor_the_training_side():
     code = ("import sys, transientvod.tracking.run, transientvod.tracking.compare; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'horovod') or m in "
-            "('transientvod.train', 'transientvod.elastic', 'transientvod.exchange', 'transientvod.accounting', "
-            "'transientvod.launcher', 'transientvod.cli')))")
+            "('transientvod.worker.train', 'transientvod.worker.state', 'transientvod.gradients.exchange', 'transientvod.worker.accounting', "
+            "'transientvod.head.launcher', 'transientvod.cli')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

@@ -125,7 +125,7 @@ class ClusterConfig:
 
 @dataclass
 class ExchangeConfig:
-    """How gradients cross the ring (transientvod/exchange.py). staleness 0 with codec none
+    """How gradients cross the ring (transientvod/gradients/exchange.py). staleness 0 with codec none
     is plain synchronous training through hvd.DistributedOptimizer."""
     staleness: int = 0  # s: the optimizer at step t applies the averaged gradients of step t - s
     codec: str = "none"  # none | fp16 | bf16 | int8 (one fp32 scale per block), with error feedback
@@ -173,7 +173,7 @@ class SpotConfig:
     host_name: str = "private-dns"  # or private-ip; gce: private-dns is the instance's name (internal DNS)
     slots: int = 0  # 0: GPUs per instance (aws: its type's; gce: its guestAccelerators)
     # A running instance joins discovery only once the launcher can log in to it over SSH
-    # (spot/ssh_gate.py): a fleet's instance takes the key only when its install has finished.
+    # (spot/reach/gate.py): a fleet's instance takes the key only when its install has finished.
     wait_for_ssh: bool = True
     endpoint_url: str = ""  # the API's base URL ("" = the cloud's own; gce: https://compute.googleapis.com)
     # gce (Compute Engine REST API, Application Default Credentials)

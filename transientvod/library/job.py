@@ -2,7 +2,7 @@
 
 `transientvod train --script my_train.py` writes the resolved config as the task loop's
 workers get it, and hands its location to the script's workers in JOB_CONFIG_ENV (a path on a
-shared disk, or the launcher's channel URL for hosts that share no disk with it; job_channel.py).
+shared disk, or the launcher's channel URL for hosts that share no disk with it; channel/).
 The variable starts with TRANSIENTVOD_, so the worker environment's allow-list keeps it
 (worker_env.py). A script started by hand (`horovodrun python my_train.py`) has no launcher:
 it runs with the defaults, or with the YAML file the variable names, resolved here.
@@ -14,9 +14,10 @@ from __future__ import annotations
 import os
 import socket
 
+from transientvod.channel.protocol import is_channel_url
+from transientvod.channel.records import ChannelRecord, LocalRecord, fetch_config
+from transientvod.channel.token import read_token
 from transientvod.config import Config, config_from_yaml, load_config
-from transientvod.channel_token import read_token
-from transientvod.job_channel import ChannelRecord, LocalRecord, fetch_config, is_channel_url
 
 JOB_CONFIG_ENV = "TRANSIENTVOD_JOB_CONFIG"
 
@@ -26,7 +27,7 @@ def job_config(environ=os.environ) -> tuple[Config, object]:
     channel): from JOB_CONFIG_ENV when set, else the defaults (a run directory under ./runs)."""
     location = environ.get(JOB_CONFIG_ENV, "")
     if is_channel_url(location):
-        from transientvod.remote_hosts import check_marker_seen
+        from transientvod.checkpoint.shared_disk import check_marker_seen
 
         token = read_token(environ)
         config = config_from_yaml(fetch_config(location, token), location)

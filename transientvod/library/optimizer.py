@@ -29,10 +29,10 @@ from horovod.torch.compression import Compression
 from horovod.torch.optimizer import _DistributedOptimizer
 
 from transientvod.config import Config
-from transientvod.elastic import StalenessRule
-from transientvod.exchange import GradientExchange
-from transientvod.horovod_wait import wait_for_distributed_optimizer
-from transientvod.schedule import StaleMomentum
+from transientvod.gradients.exchange import GradientExchange
+from transientvod.gradients.horovod_wait import wait_for_distributed_optimizer
+from transientvod.gradients.staleness import StalenessRule
+from transientvod.gradients.staleness import StaleMomentum
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from the newest durable checkpoint in `checkpoint.dir` if there is one: model, o
 sampler and every plain attribute given (epoch, batch, ...). Once a step, called by
 `transientvod.DistributedOptimizer.step()` (or by the loop's `state.step_done()` with another
 optimizer), the state counts the step, asks the ring whether any rank saw an interruption
-notice or rank 0 a host update (elastic.CommitVote, about every half second, answered a step
+notice or rank 0 a host update (commit.CommitVote, about every half second, answered a step
 later), and rank 0 writes a progress row (`metrics.jsonl`, which `launch/local_hosts.py
 --progress` reads) with the cost so far every `train.log_every` steps.
 """
@@ -39,15 +39,16 @@ import horovod.torch as hvd
 from horovod.common.exceptions import HostsUpdatedInterrupt
 from horovod.torch.elastic import ElasticSampler
 
-from transientvod.accounting import JobAccounting
 from transientvod.checkpoint import open_store
-from transientvod.checkpoint_writer import BackgroundCheckpointWriter
+from transientvod.checkpoint.writer import BackgroundCheckpointWriter
 from transientvod.config import to_yaml
-from transientvod.elastic import CommitPolicy, CommitVote, TransientState
 from transientvod.library.job import job_config
 from transientvod.library.optimizer import DistributedOptimizer
-from transientvod.worker_setup import (benchmark_delay, parameter_checksum, report_uncaught_errors,
+from transientvod.worker.accounting import JobAccounting
+from transientvod.worker.commit import CommitPolicy, CommitVote
+from transientvod.worker.setup import (benchmark_delay, parameter_checksum, report_uncaught_errors,
                                        start_notice_watcher)
+from transientvod.worker.state import TransientState
 
 log = logging.getLogger(__name__)
 

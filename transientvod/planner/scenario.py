@@ -47,8 +47,8 @@ import numpy as np
 
 from transientvod.billing.prices import GCE_ON_DEMAND_USD_PER_HOUR, GCE_SPOT_USD_PER_HOUR
 from transientvod.config import MARKETS
-from transientvod.planner.montecarlo import ELASTIC, RESTART, STUDY, simulate_runs
 from transientvod.planner.mixed import rate_by_set
+from transientvod.planner.montecarlo import ELASTIC, RESTART, STUDY, simulate_runs
 from transientvod.planner.provisioning import fit_provisioning
 from transientvod.planner.rate_band import RateBand
 from transientvod.planner.rentals import Rental, server_type
@@ -194,7 +194,7 @@ class Simulator:
         # K80, P100 and V100 are priced from its GCE table.
         self.rentals = dict(rentals or {})
         self.workload = workload
-        self.trace_path = trace_path  # your own trace (transientvod.spot.trace format) instead of the study's
+        self.trace_path = trace_path  # your own trace (transientvod.spot.providers.trace format) instead of the study's
         self.seed = seed
         self.recovery_s = recovery_s
         self._k80 = calibrate_k80()

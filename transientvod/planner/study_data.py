@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from transientvod.spot.provider import ProviderError
-from transientvod.spot.trace import SHIPPED_TRACES, TraceRun, load_trace
+from transientvod.spot.providers.provider import ProviderError
+from transientvod.spot.providers.trace import SHIPPED_TRACES, TraceRun, load_trace
 
 GPU_TYPES = ("k80", "p100", "v100")
 
@@ -206,7 +206,7 @@ def _lifetime_time(text: str, path: Path, line: int, column: str, vm: str) -> da
 
 def trace_runs(workers: int, path: str | os.PathLike | None = None) -> list[TraceRun]:
     """The runs of a revocation trace: k80_spot_{2,4,8}workers_vm_trace.csv (32 runs each), or
-    your own trace at `path` (format: transientvod.spot.trace). In the study's traces the
+    your own trace at `path` (format: transientvod.spot.providers.trace). In the study's traces the
     master is one of the `workers` (TensorFlow's chief worker), so a run has `workers` VMs."""
     workers = _cluster_size(workers)
     if path is None:

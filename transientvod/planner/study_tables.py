@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transientvod.planner.study_data import PlanError
-from transientvod.spot.trace import SHIPPED_TRACES
+from transientvod.spot.providers.trace import SHIPPED_TRACES
 
 README = "README.md"
 _NUMBER = r"(\d+(?:\.\d+)?)"

@@ -20,7 +20,7 @@ FORMAT = 1
 USABLE = "usable"  # running, no notice: give it work
 NOTICED = "noticed"  # an interruption notice arrived: take it out of discovery now
 GONE = "gone"  # revoked or terminated
-JOINING = "joining"  # running, but it does not take the launcher's SSH login yet (spot/ssh_gate.py)
+JOINING = "joining"  # running, but it does not take the launcher's SSH login yet (spot/reach/gate.py)
 STATES = (USABLE, NOTICED, GONE, JOINING)
 
 

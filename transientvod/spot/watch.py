@@ -16,7 +16,7 @@ import time
 from typing import Callable
 
 from transientvod.spot.hosts import GONE, NOTICED, HostState, registered_workers, write_host_state
-from transientvod.spot.provider import ProviderError, SpotProvider
+from transientvod.spot.providers.provider import ProviderError, SpotProvider
 
 log = logging.getLogger(__name__)
 

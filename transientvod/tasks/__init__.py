@@ -14,7 +14,7 @@ A task is a Python file or an importable module that the config's `task:` names,
         rank's slice, divided by the split's number of samples
 
 `config` is the job's resolved config (`transientvod.config.Config`); `config.task_settings`
-holds the task's own settings, free-form. No task means the built-in one (tasks/resnet.py).
+holds the task's own settings, free-form. No task means the built-in one (tasks/resnet/).
 
 The loop (train.py) wraps these in everything else: the gradient exchange, elastic commits,
 notices, durable checkpoints, the learning rate following the active workers, the cost meter.

@@ -5,7 +5,7 @@ same traceback from every worker minutes later.
 It imports the task, builds its data sets and its model once, builds its optimizer, and runs
 one forward pass, the loss and the evaluation on two samples, on the CPU. What only the ring
 can see (a model built differently on different ranks) is checked by the workers
-(elastic.TransientState.sync).
+(state.TransientState.sync).
 """
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ def check_metric_sums(task: Task, sums) -> None:
 
 def call(task: Task, what: str, fn: Callable):
     """`fn()`, with anything the task's code raises turned into one sentence."""
-    from transientvod.data import DataError  # the built-in task's one-sentence errors stay as they are
+    from transientvod.tasks.resnet.data import DataError  # the built-in task's one-sentence errors stay as they are
 
     try:
         return fn()

@@ -17,13 +17,12 @@ import logging
 import subprocess
 import time
 from importlib import resources
-from pathlib import Path
 
 import yaml
 
-import transientvod.tracking.names as names
 from transientvod.config import Config, to_yaml
 from transientvod.tracking.figure import log_figure
+import transientvod.tracking.names as names
 from transientvod.tracking.sender import UNSENT_FILE, resend_unsent
 from transientvod.tracking.store import artifact_location, check_writable, client, redacted, store_uri, unreachable
 from transientvod.version import __version__

@@ -67,7 +67,7 @@ class MetricSender:
         self.uri = uri
         self.run_id = run_id
         self.unsent_path = Path(unsent_path)
-        # The run's records (job_channel.py): on a host that shares no disk with the launcher,
+        # The run's records (channel/): on a host that shares no disk with the launcher,
         # what is left unsent goes to the head through them, where the launcher looks for it.
         self.record = record
         self.retry_seconds = retry_seconds
