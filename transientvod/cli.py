@@ -57,7 +57,8 @@ from importlib import resources
 from pathlib import Path
 
 from transientvod.config import DEFAULT_EXPERIMENT, DEFAULT_OUTPUT_DIR, Config, ConfigError, load_config
-from transientvod.head.launcher import LaunchError, format_summary, revocation, run_job, spot_hosts_command
+from transientvod.head.launcher import LaunchError, format_summary, run_job
+from transientvod.head.spot_watcher import revocation, spot_hosts_command
 from transientvod.process_exit import exit_now
 from transientvod.testbed import TestbedError
 from transientvod.version import __version__

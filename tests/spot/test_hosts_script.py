@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import REPO
-from transientvod.head.launcher import SPOT_HOSTS_MODULE, spot_hosts_command
+from transientvod.head.spot_watcher import SPOT_HOSTS_MODULE, spot_hosts_command
 from transientvod.spot.hosts import GONE, NOTICED, HostState, HostStatus, write_host_state
 
 SCRIPT = str(REPO / "launch" / "spot_hosts.py")

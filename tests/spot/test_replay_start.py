@@ -8,7 +8,7 @@ import yaml
 
 from conftest import wait_until
 from transientvod.config import config_from_yaml
-from transientvod.head import launcher
+from transientvod.head import spot_watcher
 from transientvod.spot.hosts import NOTICED, USABLE, read_host_state, register_worker
 
 
@@ -22,9 +22,9 @@ def replay_config(tmp_path):
 
 
 def test_first_state_is_refreshed_until_every_host_has_a_worker(tmp_path, monkeypatch):
-    monkeypatch.setattr(launcher, "STATE_REFRESH_SECONDS", 0.3)
+    monkeypatch.setattr(spot_watcher, "STATE_REFRESH_SECONDS", 0.3)
     config = replay_config(tmp_path)
-    _, stop = launcher.start_spot_watcher(config)
+    _, stop = spot_watcher.start_spot_watcher(config)
     try:
         state_file = config.host_state_file
         first = read_host_state(state_file)

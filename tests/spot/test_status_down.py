@@ -18,7 +18,7 @@ from conftest import REPO, TRANSIENTVOD, reset_moto, wait_until
 
 from transientvod.billing.meter import billed_seconds
 from transientvod.config import Config
-from transientvod.head.launcher import end_job_instances, job_instances_ended_at_exit
+from transientvod.head.spot_watcher import end_job_instances, job_instances_ended_at_exit
 from transientvod.spot.provisioning.fleet import Fleet
 from transientvod.spot.provisioning.fleet_spec import FleetSpec
 from transientvod.spot.provisioning.job_instances import ENDED_BY_TAG_KEY, JobInstances
