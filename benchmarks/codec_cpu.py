@@ -67,7 +67,8 @@ def worker(steps: int, rounds: int, staleness: int, bucket_elements: int | None)
     from transientvod.gradients.codecs import framing, wire
     from transientvod.config.schema import DataConfig, ModelConfig
     from transientvod.tasks.resnet.data import load_dataset
-    from transientvod.gradients.exchange import GradientExchange, SynchronousStep
+    from transientvod.gradients.exchange import GradientExchange
+    from transientvod.gradients.synchronous import SynchronousStep
     from transientvod.tasks.resnet.models import build_model
 
     hvd.init()

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transientvod.gradients.codecs import ShardLayout  # noqa: E402
 from transientvod.gradients.codecs.packing import (SegmentLayout, pack_copies, pack_shards,  # noqa: E402
                                          segment_bytes, unpack_segments)
-from transientvod.gradients.exchange import BUCKET_ELEMENTS  # noqa: E402
+from transientvod.gradients.staleness import BUCKET_ELEMENTS  # noqa: E402
 
 NUMEL = BUCKET_ELEMENTS + 77
 BLOCK = 512

@@ -22,7 +22,8 @@ import torch
 import horovod.torch as hvd
 
 from transientvod.gradients.bucket_tuning import BucketTuner, cuts
-from transientvod.gradients.exchange import GradientExchange, SynchronousStep
+from transientvod.gradients.exchange import GradientExchange
+from transientvod.gradients.synchronous import SynchronousStep
 
 CODECS = ("none", "fp16", "bf16", "int8")
 COMPRESSED = ("fp16", "bf16", "int8")

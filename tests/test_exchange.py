@@ -279,7 +279,7 @@ def test_the_default_buckets_follow_the_staleness():
     """Unset, bucket_elements cuts the gradient in BACKWARD_BUCKETS buckets at staleness 0
     (they start during backward), none under BUCKET_ELEMENTS, and in one bucket when stale,
     where s steps hide the exchange and every bucket costs CPU. A given size wins."""
-    from transientvod.gradients.exchange import BACKWARD_BUCKETS, BUCKET_ELEMENTS
+    from transientvod.gradients.staleness import BACKWARD_BUCKETS, BUCKET_ELEMENTS
 
     def cut(sizes, staleness, **options):
         params = [torch.nn.Parameter(torch.zeros(n)) for n in sizes]

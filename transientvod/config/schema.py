@@ -136,7 +136,7 @@ class ExchangeConfig:
     # gradients are made. Smaller: more overlap, more CPU a step. null: tuned on each ring, which
     # times a third of the gradient (at least 131072 elements) against all of it and keeps the
     # faster (bucket_tuning.py: why); a run too short to time both keeps the staleness's
-    # default, at 0 a third, stale all of it (exchange.BACKWARD_BUCKETS).
+    # default, at 0 a third, stale all of it (staleness.BACKWARD_BUCKETS).
     bucket_elements: int | None = None
     stale_lr: bool = False  # divide the learning rate by 1 + s
     stale_momentum: bool = True  # while s > 0: momentum (Adam: beta1) - s/(s+1), at least 0 (a delay adds that much of its own)

@@ -10,7 +10,7 @@ which a job cannot know before it runs, so it measures them.
 
 Once the gradients are compressed and stale (after compress_after and a synchronous warm-up),
 each ring runs TURNS turns in the order A B B A (so that a drift in speed favours neither),
-A being `exchange.default_bucket_elements` and B the other cut. A turn skips its first
+A being `staleness.default_bucket_elements` and B the other cut. A turn skips its first
 steps (the switch, and at staleness s the s steps that refill the pipeline) and times the
 next MEASURED_STEPS, each from the end of the step before: the whole loop, since waits
 outside the exchange's step depend on the cut too (at staleness 2 and 25 Mbit the commit
@@ -36,7 +36,8 @@ import torch
 
 import horovod.torch as hvd
 
-from transientvod.gradients.exchange import GradientExchange, default_bucket_elements
+from transientvod.gradients.exchange import GradientExchange
+from transientvod.gradients.staleness import default_bucket_elements
 from transientvod.gradients.horovod_wait import wait
 
 log = logging.getLogger(__name__)

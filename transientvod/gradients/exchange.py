@@ -23,7 +23,7 @@ protocol overlaps the next s steps of compute too. Every rank joins every collec
 same order, so it stays a ring (no parameter server). `staleness=0` is synchronous training
 and gives the same parameters, bit for bit, as `hvd.DistributedOptimizer` (tested on 3 ranks).
 
-`SynchronousStep` puts `hvd.DistributedOptimizer` behind the same calls (zero_grad, step,
+`SynchronousStep` (synchronous.py) puts `hvd.DistributedOptimizer` behind the same calls (zero_grad, step,
 drain, reset) for the plain synchronous case (staleness 0, codec none), where Horovod's own
 hooks overlap the allreduce with backward; the training loop then has one step path.
 
@@ -32,122 +32,28 @@ is a view into it (so `zero_grad` here, never `optimizer.zero_grad`, which would
 the views). What is in flight is never dropped while the ring is whole: `drain()` applies it
 at a graceful reset (a host leaves at a commit) and at the end of training. Only a lost peer
 (HorovodInternalError) drops it: `reset()` then clears every residual, the senders' and the
-owners', on every rank, so that a new rank (which has none) and the old ones agree.
-"""
+owners', on every rank, so that a new rank (which has none) and the old ones agree."""
 from __future__ import annotations
 
 import logging
 import time
 import weakref
 from collections import deque
-from dataclasses import dataclass
 
 import torch
 
 import horovod.torch as hvd
 from horovod.torch.optimizer import _DistributedOptimizer
 
-from transientvod.gradients.codecs import Transfer, Wire, check_codec, make_codec
-from transientvod.gradients.horovod_wait import POLL_SECONDS, wait_for_distributed_optimizer
+from transientvod.gradients.buckets import Bucket, InFlight
+from transientvod.gradients.codecs import Transfer, Wire, check_codec
+from transientvod.gradients.horovod_wait import POLL_SECONDS
+from transientvod.gradients.staleness import default_bucket_elements
 
 log = logging.getLogger(__name__)
 
-# Unless exchange.bucket_elements says otherwise, the buckets start as the staleness says
-# (`default_bucket_elements`), and the training loop then times the other cut too and keeps
-# the faster (bucket_tuning.py). At s = 0 the gradient goes in BACKWARD_BUCKETS buckets, whose
-# exchanges start while backward is still on the layers before them. On 4 testbed hosts at
-# 25mbit/400ms, ResNet-32 (464,154 parameters), fp16 at s = 0: 1.80 and 1.82 steps/s in 3
-# buckets, against 1.58 and 1.59 in one and 1.85 and 1.80 in 6 (benchmarks/RESULTS.md,
-# "Buckets started during backward"). A count, not a size, since every bucket costs the same
-# CPU on every rank whatever its size: about 2 ms a step on 4 ranks sharing 2 cores, 1.0-1.4
-# in the training thread (four calls to the kernels, packing, starting two alltoalls, polls)
-# and about 1 in Horovod's and Gloo's threads (benchmarks/codec_cpu.py). A bucket holds at
-# least BUCKET_ELEMENTS (512 KB of fp32), so that a small model's compresses (MIN_COMPRESS_ELEMENTS).
-# While stale (s >= 1) a step's exchange has s more steps to finish in, so starting it during
-# backward hides little and the gradient goes in one bucket. 4 ranks on 2 cores
-# (benchmarks/codec_cpu.py, s = 2): fp16, bf16 and int8 cost 18.0, 15.1 and 19.2 % of a step
-# against `none` in 3 buckets, 2.0, -0.3 and 0.7 % in one (benchmarks/RESULTS.md, "Bucket
-# size and a codec's CPU").
-BACKWARD_BUCKETS = 3
-BUCKET_ELEMENTS = 1 << 17
 POLL_EVERY_GRADS = 8  # during backward, move the steps in flight on every this many parameters' gradients
 MIN_COMPRESS_ELEMENTS = 1 << 16  # smaller buckets go uncompressed: the saving is not worth a pass
-
-
-def default_bucket_elements(numel: int, staleness: int) -> int:
-    """The bucket size for a gradient of `numel` elements (the note above BACKWARD_BUCKETS):
-    at staleness 0, a BACKWARD_BUCKETS-th of it, at least BUCKET_ELEMENTS; stale, all of it.
-    Steps of a synchronous warm-up before the staleness begins keep the stale size."""
-    if staleness > 0:
-        return max(1, numel)
-    return max(BUCKET_ELEMENTS, -(-numel // BACKWARD_BUCKETS))
-
-
-class Bucket:
-    """A run of parameters whose gradients live in one flat fp32 buffer."""
-
-    __slots__ = ("index", "params", "grad", "codecs")
-
-    def __init__(self, index: int, params: list[torch.nn.Parameter]):
-        self.index = index
-        self.params = params
-        numel = sum(p.numel() for p in params)
-        self.grad = torch.zeros(numel, dtype=torch.float32, device=params[0].device)
-        self.codecs: dict[str, object] = {}
-        self.bind_grads()
-
-    def bind_grads(self) -> None:
-        """Make every parameter's .grad a view into the flat buffer again if something replaced
-        it (Horovod's broadcast_optimizer_state gives a fresh optimizer new zero .grad tensors)."""
-        offset = 0
-        for p in self.params:
-            view = self.grad[offset:offset + p.numel()]
-            if p.grad is None or p.grad.data_ptr() != view.data_ptr():
-                p.grad = view.view_as(p)
-            offset += p.numel()
-
-    def codec(self, name: str, block: int):
-        if name not in self.codecs:
-            self.codecs[name] = make_codec(name, self.grad.numel(), self.grad.device, block)
-        return self.codecs[name]
-
-
-@dataclass
-class InFlight:
-    """One step's buckets on the wire, stamped with the ring they were started in; a bucket
-    that backward has not started yet is None."""
-    step: int
-    world: int
-    transfers: list[Transfer | None]
-
-
-class SynchronousStep:
-    """hvd.DistributedOptimizer behind the exchange's interface, so that the loop has one step
-    path: zero_grad, backward, step(step), drain at the end, reset after an elastic reset."""
-
-    __slots__ = ("optimizer", "waited_seconds")
-
-    def __init__(self, optimizer: torch.optim.Optimizer):
-        self.optimizer = optimizer
-        self.waited_seconds = 0.0  # in step(), for the allreduces: the communication not hidden
-
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad()
-
-    def step(self, step: int) -> bool:
-        # The gradients' allreduces started during backward; wait for them without Horovod's
-        # spinning synchronize (horovod_wait.py), then step() finds them done.
-        began = time.perf_counter()
-        wait_for_distributed_optimizer(self.optimizer)
-        self.waited_seconds += time.perf_counter() - began
-        self.optimizer.step()
-        return True
-
-    def drain(self) -> int:
-        return 0  # nothing in flight between steps
-
-    def reset(self) -> None:
-        pass  # nothing in flight between steps
 
 
 class GradientExchange:

@@ -1,8 +1,9 @@
 """Everything bounded staleness s changes besides the exchange's own pipeline: when a step
-starts being applied late, the momentum it leaves the optimizer, and the learning rate's
-1/(1+s) (task mode: `exchange.stale_lr`). Task mode (worker/schedule.py) and library mode
-(library/optimizer.py) both read it from here. The exchange (exchange.py) delays each
-gradient by `StalenessRule.delay(step)` steps.
+starts being applied late (the synchronous warm-up), the momentum it leaves the optimizer, the
+learning rate's 1/(1+s) (`exchange.stale_lr`), and the buckets' default size. Task mode
+(worker/schedule.py) and library mode (library/optimizer.py) both read it from here. The
+exchange (exchange.py) delays each gradient by `StalenessRule.delay(step)` steps, and bucket
+tuning (bucket_tuning.py) starts from `default_bucket_elements`.
 """
 from __future__ import annotations
 
@@ -13,6 +14,30 @@ def stale_lr_scale(staleness: int, stale_lr: bool) -> float:
     """The factor on a task's learning rates under staleness s: 1/(1+s) when `stale_lr` is on,
     else 1 (off by default: docs/exchange.md says what it cost and bought)."""
     return 1.0 / (1 + staleness) if stale_lr else 1.0
+
+
+# Unless exchange.bucket_elements says otherwise, the buckets start as the staleness says
+# (`default_bucket_elements`), and the training loop then times the other cut too and keeps
+# the faster (bucket_tuning.py). At s = 0 the gradient goes in BACKWARD_BUCKETS buckets, whose
+# exchanges start while backward is still on the layers before them: on the testbed three were
+# faster than one, and six no faster than three (docs/results.md, "Buckets"). A count, not a size, since every bucket costs the
+# same CPU on every rank whatever its size (benchmarks/codec_cpu.py). A bucket holds at least
+# BUCKET_ELEMENTS (512 KB of fp32), so that a small model's compresses (exchange.py's
+# MIN_COMPRESS_ELEMENTS). While stale (s >= 1) a step's exchange has s more steps to finish
+# in, so starting it during backward hides little, and each extra bucket's CPU is a loss: the
+# gradient goes in one bucket (docs/results.md, "Buckets").
+BACKWARD_BUCKETS = 3
+BUCKET_ELEMENTS = 1 << 17
+
+
+def default_bucket_elements(numel: int, staleness: int) -> int:
+    """The bucket size for a gradient of `numel` elements (the note above BACKWARD_BUCKETS):
+    at staleness 0, a BACKWARD_BUCKETS-th of it, at least BUCKET_ELEMENTS; stale, all of it.
+    Steps of a synchronous warm-up before the staleness begins keep the stale size."""
+    if staleness > 0:
+        return max(1, numel)
+    return max(BUCKET_ELEMENTS, -(-numel // BACKWARD_BUCKETS))
+
 
 
 class StalenessRule:

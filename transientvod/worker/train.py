@@ -50,7 +50,8 @@ from transientvod.checkpoint.shared_disk import SharedDiskError, check_marker_se
 from transientvod.checkpoint.writer import BackgroundCheckpointWriter
 from transientvod.config import Config, ConfigError, config_from_yaml, load_config, to_yaml
 from transientvod.gradients.bucket_tuning import BucketTuner, FixedCut, cuts
-from transientvod.gradients.exchange import GradientExchange, SynchronousStep
+from transientvod.gradients.exchange import GradientExchange
+from transientvod.gradients.synchronous import SynchronousStep
 from transientvod.tasks import Task, TaskError, TaskFailed, load_task
 from transientvod.tasks.resnet.data import DataError
 from transientvod.tracking.store import TrackingError
