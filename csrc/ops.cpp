@@ -1,7 +1,7 @@
 // The fused compression ops' schema and their CUDA implementation (the CPU side is numba, in
-// transientvod/ops/cpu.py). Thin on purpose: check the tensors, then call the launchers of
+// transientvod/gradients/ops/cpu_kernels.py). Thin on purpose: check the tensors, then call the launchers of
 // cuda/compress.cuh on torch's current stream. Each op ORs 1 into `flag` (int32, one element,
-// zeroed by the caller) when it meets NaN/Inf; transientvod/ops/cuda.py reads it back.
+// zeroed by the caller) when it meets NaN/Inf; transientvod/gradients/ops/cuda.py reads it back.
 #include <Python.h>
 
 #include <ATen/core/Tensor.h>

@@ -7,7 +7,7 @@ discovery, with each remote host listed only once it holds the channel's token f
 
 The launcher puts this in horovodrun's --host-discovery-script (remote_hosts.HeadServices),
 so the token reaches every host horovodrun will start a worker on before it starts one, through
-ssh's stdin (channel_token.py says why not the command line). Horovod runs discovery every
+ssh's stdin (channel/token.py says why not the command line). Horovod runs discovery every
 second: a host already given the token is not asked again (the list is kept in ID.hosts beside
 the token), a host that left the listing is forgotten (a new server may come back under its
 name), and a host that does not take the token is left out of this listing and tried again at

@@ -68,7 +68,7 @@ def test_the_ops_have_the_declared_schemas(report):
 
 
 def test_every_op_has_a_cuda_and_a_meta_kernel_and_no_cpu_one(report):
-    # CPU tensors go to the numba kernels (transientvod/gradients/ops/cpu.py), never to the extension.
+    # CPU tensors go to the numba kernels (transientvod/gradients/ops/cpu_kernels.py), never to the extension.
     assert report["kernels"] == {name: ["CUDA", "Meta"] for name in SCHEMAS}
 
 

@@ -1,4 +1,4 @@
-"""channel_token.py's file on one host: written with mode 0600, read by the worker, and one
+"""channel/token.py's file on one host: written with mode 0600, read by the worker, and one
 sentence when a worker has none. The token's way to remote hosts, and the scan of every
 command line, is tests/testbed/test_channel_token.py."""
 from __future__ import annotations

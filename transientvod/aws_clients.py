@@ -1,6 +1,6 @@
 """boto3 clients made one way, and the one-sentence errors their calls end in.
 
-The watcher (spot/aws.py), the fleet (spot/fleet.py), the spot price history
+The watcher (spot/providers/aws.py), the fleet (spot/provisioning/fleet.py), the spot price history
 (billing/prices.py) and the S3 checkpoint store (checkpoint/s3.py) all talk to AWS. Here, and only here, a client gets its timeouts, its
 retries, its region and the user's endpoint URL, and a botocore exception becomes a sentence
 naming the thing to fix. The callers wrap that sentence in their own error type

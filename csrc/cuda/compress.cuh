@@ -2,7 +2,7 @@
 // and the shard owner's decode-and-sum of k ranks' copies. No torch headers on purpose: nvcc
 // compiles this text into the extension (through compress.cu), and NVRTC (cupy) compiles the very
 // same text at run time when the extension was not built. The op semantics are the CPU side's
-// (transientvod/ops/reference.py, and cpu.py's numba kernels); every rounding step below is
+// (transientvod/gradients/ops/reference.py, and cpu_kernels.py's numba kernels); every rounding step below is
 // spelled out so that the results agree with them bit for bit:
 //   * tv::mul_rn / add_rn / sub_rn / div_rn, max_f / min_f / abs_f: on the device inline PTX
 //     (mul.rn.f32 etc.), each step rounded on its own, never contracted into an FMA, never
@@ -36,7 +36,7 @@
 #include <cuda_bf16.h>
 #endif
 
-// Constants shared by the kernels, the launchers (compress.cu) and transientvod/ops/cuda.py
+// Constants shared by the kernels, the launchers (compress.cu) and transientvod/gradients/ops/cuda.py
 // (tests/test_cuda_sources.py checks that the Python copies match):
 #define TV_THREADS 256        // CTA size of the elementwise kernels; every __launch_bounds__
 #define TV_VEC 8              // elements per 16-byte payload access (8 x 16-bit) in elementwise kernels

@@ -1,4 +1,4 @@
-"""The fleet's budget as a hard limit (spot/fleet.py with billing/budget.py's stop rule),
+"""The fleet's budget as a hard limit (spot/provisioning/fleet.py with billing/budget.py's stop rule),
 against a moto server on 127.0.0.1 and a clock the test moves: the projected spend reaches
 the budget and every instance ends; a budget spent already launches nothing."""
 from __future__ import annotations

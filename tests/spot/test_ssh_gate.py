@@ -11,7 +11,7 @@ from transientvod.spot.reach.gate import SshGate, gate_for
 
 
 class Probe:
-    """Answers like ssh_reach.probe: None when the host takes the login, else ssh's last line."""
+    """Answers like reach/ssh.py's probe: None when the host takes the login, else ssh's last line."""
 
     def __init__(self):
         self.ready: set[str] = set()

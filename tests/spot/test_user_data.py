@@ -1,4 +1,4 @@
-"""The join script `transientvod fleet` gives its instances (spot/user_data.py): what it holds,
+"""The join script `transientvod fleet` gives its instances (spot/provisioning/user_data.py): what it holds,
 its size against EC2's limit, and one sentence for each bad input. The script running on a
 host and that host joining a job is tests/testbed/test_fleet_join.py."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The job channel's token is on no process's command line, on any host (channel_token.py).
+"""The job channel's token is on no process's command line, on any host (channel/token.py).
 
 A real job over SSH on testbed hosts that share no disk with the head, not even the token's
 directory: each host has its own empty tmpfs over ~/.transientvod/channel-tokens (and over the

@@ -20,7 +20,7 @@ inside its billed minimum costs nothing more). Once the projection reaches the b
 (projected >= budget), the fleet terminates every instance and the job stops at a durable
 checkpoint.
 
-Pure functions of dollars and seconds, so that they are tested without a cloud; spot/fleet.py
+Pure functions of dollars and seconds, so that they are tested without a cloud; spot/provisioning/fleet.py
 and accounting.py feed them what the servers cost (billed by meter.billed_seconds).
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ the head's cluster address (the one the hosts reach it by):
 
 Every request carries the job's token (TOKEN_HEADER): anything else on the cluster network
 that finds the port can neither read the config nor write into the run. The token reaches the
-workers as a file of mode 0600 on each host (channel_token.py), never through horovodrun's
+workers as a file of mode 0600 on each host (channel/token.py), never through horovodrun's
 environment, which every worker's command line shows. The server binds a port of
 cluster.head_ports (ports.py), so a firewall can be written for it.
 

@@ -5,7 +5,7 @@
 - `HeadServices`: the launcher's channel (channel/) serves the resolved config and takes
   the records; a local `sqlite:` tracking store is served through `mlflow server` on the head
   (tracking/head_server.py), and workers get its URL instead of a path they cannot open.
-  The channel's token goes to every host as a file of mode 0600 (channel_token.py), through
+  The channel's token goes to every host as a file of mode 0600 (channel/token.py), through
   the wrapped discovery command, never through horovodrun's environment.
 Both bind the head's cluster address (the one the hosts reach it by), on ports from
 cluster.head_ports.

@@ -63,7 +63,7 @@ def watch(provider: SpotProvider, state_file, poll_seconds: float = WATCH_POLL_S
     """Poll until `stop` is set. A provider error is logged and the last state is kept (it
     goes stale, which spot_hosts.py reports); the loop never dies of one bad answer.
     `revoke(host)`, if given, plays the cloud's part when a host is gone; it returns what it did.
-    `gate` (ssh_gate.SshGate), if given, holds hosts out of discovery until they take SSH."""
+    `gate` (reach/gate.py's SshGate), if given, holds hosts out of discovery until they take SSH."""
     stop = stop or threading.Event()
     previous: dict[str, str] = {}
     failing = False

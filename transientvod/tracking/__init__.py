@@ -1,6 +1,6 @@
 """MLflow: every run's params, metrics by step, cost, figure and summary, for comparison in
 MLflow's UI and with `transientvod compare`. Never imports torch or horovod, nor the training
-side (train, elastic, exchange, accounting, launcher, cli): they import this.
+side (worker/, gradients/, head/, cli): they import this.
 
     store.py    the one MLflow store helper: which store (default <output_dir>/mlflow.db), what a
                 sqlite: URI names, the fail-fast MlflowClient, the write and read checks,

@@ -22,7 +22,7 @@ from transientvod.spot.providers.aws import CAPACITY_RESERVATION_WARNING, INTERR
 TAG_KEY = "transientvod:job"  # the tag AwsProvider lists instances by; setup tags what it makes with it too
 STATE_CHANGE = "EC2 Instance State-change Notification"
 # Rule name suffix -> the detail-type it forwards. The watcher reads the three notice kinds
-# (spot/aws.py NOTICE_KINDS); state changes it deletes unread, since DescribeInstances already
+# (spot/providers/aws.py NOTICE_KINDS); state changes it deletes unread, since DescribeInstances already
 # shows a stopped or terminated host at the next poll: the rule is there so the queue carries
 # every lifecycle event AWS's own handler listens to.
 RULE_KINDS = {
@@ -111,7 +111,7 @@ def assume_role_policy() -> dict:
 
 
 def worker_policy(queue_arn: str, s3_prefix: str = "") -> dict:
-    """What the job's instances need: the watcher's describe and queue calls (spot/aws.py) and,
+    """What the job's instances need: the watcher's describe and queue calls (spot/providers/aws.py) and,
     with an s3:// checkpoint directory, the S3 store's calls (checkpoint/s3.py) under that
     prefix. Describe calls take no resource-level permissions, hence "*"."""
     partition = queue_arn.split(":")[1]

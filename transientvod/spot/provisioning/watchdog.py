@@ -33,7 +33,7 @@ limit risks ending an instance of a live head). TRANSIENTVOD_WATCHDOG_MINUTE_SEC
 minute that many seconds, for tests only.
 
 This file runs on the instance as a script with the system's python3 (the standard library
-only: nothing of the project is installed yet when it starts); spot/user_data.py embeds it.
+only: nothing of the project is installed yet when it starts); spot/provisioning/user_data.py embeds it.
 """
 from __future__ import annotations
 

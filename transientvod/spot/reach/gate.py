@@ -1,10 +1,10 @@
 """A cloud lists a server as running long before it can run a worker: a fleet's instance is
 `running` while its user data still installs the project, and it takes the launcher's key
-only at the end (spot/user_data.py). Listed in discovery then, horovodrun fails to start a
+only at the end (spot/provisioning/user_data.py). Listed in discovery then, horovodrun fails to start a
 worker there, and that stops the whole job (tests/testbed/test_fleet_join.py saw it).
 
 So the watcher holds each remote host as JOINING until the launcher can log in to it, probing
-`ssh HOST true` (ssh_reach.probe, horovodrun's own options) in the background, at most once
+`ssh HOST true` (reach/ssh.py's probe, horovodrun's own options) in the background, at most once
 every PROBE_INTERVAL_SECONDS per host, so a slow cloud API poll never waits for SSH. The test
 is the very thing horovodrun needs, whatever made the host ready (user data, a baked image,
 a hand-started sshd), and it works for every provider. Local hosts are not probed; a host
