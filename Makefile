@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.transientvod-installed
 PYTEST_ARGS ?=
 # A CUDA build of torch in a venv of its own, kept between runs, for the test that builds the
-# whole CUDA extension (tests/test_cuda_extension_build.py); only where nvcc is on the PATH.
+# whole CUDA extension (tests/gradients/ops/test_cuda_extension_build.py); only where nvcc is on the PATH.
 CUDA_VENV ?= $(HOME)/.cache/transientvod/venv-cuda-torch2.14.1
 CUDA_TORCH_SPEC ?= torch==2.14.1
 

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -133,10 +134,10 @@ class Job:
 
 
 def run_probe(probe: str, world: int, *args: str) -> list[dict]:
-    """Run tests/<probe> under `horovodrun -np world` on this host; the JSON line each rank printed."""
+    """Run tests/probes/<probe> under `horovodrun -np world` on this host; the JSON line each rank printed."""
     horovodrun = str(Path(sys.executable).parent / "horovodrun")
     done = subprocess.run([horovodrun, "-np", str(world), "-H", f"localhost:{world}", "--gloo",
-                           sys.executable, str(REPO / "tests" / probe), *args],
+                           sys.executable, str(REPO / "tests" / "probes" / probe), *args],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0, explain(done)
     return probe_rows(done.stdout)
@@ -314,3 +315,47 @@ def assert_package_imports(package: Path, allowed: dict[str, set[str]], heavy_al
         assert transientvod_imports(path) <= allowed[stem], stem
         if not heavy_allowed:
             assert not {name.split(".")[0] for name in imported_modules(path)} & HEAVY_MODULES, stem
+
+
+# -- shared by test folders: bad input through the real CLI (cli/, tasks/) ---------------------
+
+GOOD_DISCOVERY = f"{LOCAL_HOSTS} --hosts localhost:1"
+
+
+def run_train(tmp_path, config: dict, discovery: str = GOOD_DISCOVERY, config_path=None):
+    config = {"run": {"name": "bad", "output_dir": str(tmp_path / "runs")}, **config}
+    if config_path is None:
+        config_path = tmp_path / "job.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+    return subprocess.run(TRANSIENTVOD + ["train", "--config", str(config_path), "--discovery", discovery],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+
+
+def assert_one_sentence(done, *fragments):
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("transientvod: ") and lines[0].endswith("."), lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def assert_nothing_written(tmp_path):
+    assert not (tmp_path / "runs" / "bad" / "checkpoints").exists()
+
+
+# -- shared by the job tests of worker/ and head/ -----------------------------------------------
+
+BOTH = "localhost:1,127.0.0.1:1"  # two hosts to Horovod, both this machine: a host can leave without ssh
+
+
+def wait_for(predicate, timeout: float, what: str, proc=None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"the job ended (exit {proc.returncode}) before {what}")
+        time.sleep(0.2)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}")

@@ -1,6 +1,6 @@
 """billing.budget: the launch rule, the stop rule (projected spend) and the budget checks as
 plain numbers (the fleet on moto is in tests/spot/test_fleet.py, the job's stop in
-tests/test_budget_stop.py), and the environment overrides."""
+tests/billing/test_budget_stop.py), and the environment overrides."""
 from __future__ import annotations
 
 import pytest

@@ -4,8 +4,8 @@
 #   2. build transientvod._C        TRANSIENTVOD_BUILD_CUDA=1 pip install -e . --no-build-isolation --use-pep517
 #   3. cuda == cpu.py               each op on CUDA vs the numba kernels, bit for bit, sizes at
 #                                   block boundaries, misaligned views, NaN/Inf (every backend)
-#   4. tests/test_ops.py            the ops' own tests (their CUDA parametrization), every backend
-#   5. tests/test_exchange.py       the exchange on CUDA tensors, every codec, 2-4 ranks (horovodrun)
+#   4. tests/gradients/ops/test_ops.py            the ops' own tests (their CUDA parametrization), every backend
+#   5. tests/gradients/test_exchange.py       the exchange on CUDA tensors, every codec, 2-4 ranks (horovodrun)
 #   6. tests/gpu/job_check.sh cuda  a short job through the training loop on the GPU(s): the
 #                                   built-in task at fp16, then a user's task file at int8
 #                                   (examples/quickstart), both at staleness 2
@@ -188,11 +188,11 @@ EOF
 for backend in "${backends[@]}"; do
     step "cuda == cpu.py, TRANSIENTVOD_KERNELS=$backend" env TRANSIENTVOD_KERNELS="$backend" \
         "$PY" "$logs/agree.py"
-    if [[ -f tests/test_ops.py ]]; then
-        step "pytest tests/test_ops.py, TRANSIENTVOD_KERNELS=$backend" env TRANSIENTVOD_KERNELS="$backend" \
-            "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_ops.py
+    if [[ -f tests/gradients/ops/test_ops.py ]]; then
+        step "pytest tests/gradients/ops/test_ops.py, TRANSIENTVOD_KERNELS=$backend" env TRANSIENTVOD_KERNELS="$backend" \
+            "$PY" -m pytest -q -p no:cacheprovider -rs tests/gradients/ops/test_ops.py
     else
-        skip "pytest tests/test_ops.py" "the file does not exist yet"
+        skip "pytest tests/gradients/ops/test_ops.py" "the file does not exist yet"
     fi
 done
 
@@ -202,9 +202,9 @@ done
 #    its own NCCL_HOSTID and NCCL connects them through its socket transport, as across hosts.
 #    The jobs through the training loop (host_removed, stale_job) train on the CPU: not run here.
 step "Horovod with NCCL (launch/install_horovod.sh)" horovod_ready
-step "pytest tests/test_exchange.py on CUDA tensors (TRANSIENTVOD_PROBE_DEVICE=cuda)" \
+step "pytest tests/gradients/test_exchange.py on CUDA tensors (TRANSIENTVOD_PROBE_DEVICE=cuda)" \
     env TRANSIENTVOD_PROBE_DEVICE=cuda NCCL_DEBUG=WARN "$PY" -m pytest -q -p no:cacheprovider -rs \
-    tests/test_exchange.py -k "not host_removed and not stale_job"
+    tests/gradients/test_exchange.py -k "not host_removed and not stale_job"
 
 # 6. the training loop on the GPU: launcher, elastic horovodrun, fp16 at staleness 2, checkpoints.
 #    transientvod's CLI imports boto3 (S3 checkpoints); a host lent for checks may not have it.

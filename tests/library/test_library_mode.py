@@ -84,7 +84,7 @@ def test_the_drop_in_compression_argument_names_a_codec():
 
 @pytest.mark.slow
 def test_drop_in_is_horovods_allreduce_bit_for_bit_with_accumulation():
-    rows = sorted(run_probe("library/optimizer_probe.py", 2, "same_as_horovod"), key=lambda row: row["rank"])
+    rows = sorted(run_probe("optimizer_probe.py", 2, "same_as_horovod"), key=lambda row: row["rank"])
     assert len(rows) == 2
     assert rows[0] == {**rows[1], "rank": 0}, "the ranks' parameters differ"
     assert rows[0]["ours"] == rows[0]["horovod"]
@@ -96,7 +96,7 @@ def test_drop_in_is_horovods_allreduce_bit_for_bit_with_accumulation():
 
 @pytest.mark.slow
 def test_drop_in_clips_the_averaged_gradient_as_horovods_pattern_does():
-    rows = sorted(run_probe("library/optimizer_probe.py", 2, "clipping"), key=lambda row: row["rank"])
+    rows = sorted(run_probe("optimizer_probe.py", 2, "clipping"), key=lambda row: row["rank"])
     assert rows[0] == {**rows[1], "rank": 0}, "the ranks' parameters differ"
     row = rows[0]
     assert row["ours_clipped"] == row["horovod_clipped"]
@@ -106,7 +106,7 @@ def test_drop_in_clips_the_averaged_gradient_as_horovods_pattern_does():
 
 @pytest.mark.slow
 def test_drop_in_stale_and_compressed_ranks_agree():
-    rows = sorted(run_probe("library/optimizer_probe.py", 2, "stale"), key=lambda row: row["rank"])
+    rows = sorted(run_probe("optimizer_probe.py", 2, "stale"), key=lambda row: row["rank"])
     assert rows[0] == {**rows[1], "rank": 0}, "the ranks' parameters differ"
     assert len({rows[0][name] for name in ("s1_none", "s2_int8", "s0_fp16")}) == 3
 

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from test_cli_errors import assert_nothing_written, assert_one_sentence, run_train
+from conftest import assert_nothing_written, assert_one_sentence, run_train
 
 GOOD_DATA = """
 import torch

@@ -1,7 +1,7 @@
 """Bytes on the wire: what each host's link carries per exchange step, from the kernel's own
 counter of the host's interface, against the protocol's formula, on 2, 3 and 4 namespaced hosts.
 
-tests/test_exchange.py checks the bytes each rank *hands* Horovod. This checks what Gloo then
+tests/gradients/test_exchange.py checks the bytes each rank *hands* Horovod. This checks what Gloo then
 *sends*: one rank per host, so each host's eth0 carries that rank's traffic and nothing of the
 others' (on loopback the ranks share one counter). A compressing codec sends
 2 (N - 1) / N · (b · n + 4 · (scales + N flags)) bytes per step for a b-byte payload: per element
@@ -45,12 +45,12 @@ def expected_bytes(codec: str, world: int, elements: int, block: int) -> float:
 
 
 def probe_on_hosts(record, world: int) -> list[dict]:
-    """tests/exchange_probe.py wire_bytes under horovodrun on the head, one rank on each of the
+    """tests/probes/exchange_probe.py wire_bytes under horovodrun on the head, one rank on each of the
     first `world` hosts, over SSH, Gloo on eth0."""
     hosts = ",".join(f"{h.name}:1" for h in record.layout.hosts[:world])
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     argv = [horovodrun, "-np", str(world), "-H", hosts, "--gloo", "--network-interface", "eth0",
-            sys.executable, str(REPO / "tests" / "exchange_probe.py"), "wire_bytes"]
+            sys.executable, str(REPO / "tests" / "probes" / "exchange_probe.py"), "wire_bytes"]
     done = subprocess.run(sshd.exec_argv(record.layout.head, argv), capture_output=True, text=True, timeout=300,
                           cwd=REPO, env=worker_environment(os.environ))
     assert done.returncode == 0, explain(done)

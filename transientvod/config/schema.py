@@ -19,7 +19,7 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16")
 CODECS = ("none", "fp16", "bf16", "int8")
 # The int8 block sizes the kernels accept, the op contract of every backend: the CUDA
-# kernels' TV_BLOCK_MIN/MAX (csrc/cuda/compress.cuh; tests/test_cuda_sources.py compares them)
+# kernels' TV_BLOCK_MIN/MAX (csrc/cuda/compress.cuh; tests/gradients/ops/test_cuda_sources.py compares them)
 # and the CPU kernels' stack buffer of INT8_BLOCK_MAX floats. Here, at the bottom of the
 # house, so that a config is checked without torch and ops/ and codecs/ import them.
 INT8_BLOCK_MIN, INT8_BLOCK_MAX = 256, 1024

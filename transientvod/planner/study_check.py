@@ -7,7 +7,7 @@ study's system): K80 clusters with their parameter server, single servers withou
 study's single-server costs are duration x the GPU's price); transient K80 clusters replay
 the traces ("no revocation": the simulated runs with none), P100 and V100 draw from their
 lifetimes. "Headline" is the study's 4 transient K80s over all 32 traced runs, GPUs only.
-tests/test_planner_tables.py checks every row within 10 % and that the page shows this table.
+tests/planner/test_planner_tables.py checks every row within 10 % and that the page shows this table.
 Never imports torch or horovod.
 """
 from __future__ import annotations

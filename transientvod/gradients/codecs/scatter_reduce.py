@@ -13,7 +13,7 @@ an owner's scales are its own). One step of one bucket, on every rank:
    one fused pass (`ops.decompress_sum_`, so nothing is added in fp16 or bf16 and nothing
    overflows there), then re-encodes the average with *its own* residual: what the second
    rounding drops is sent at the next step, not lost (without it, int8 delivered 4 % of a
-   small steady gradient: tests/test_exchange.py). An int8 owner's flag is the max of those it
+   small steady gradient: tests/gradients/test_exchange.py). An int8 owner's flag is the max of those it
    received and its own; alltoall again: the owner's shard (with its scales and flag, int8),
    one copy to every rank. Not an allgather,
    which moves the same bytes: Gloo's allgather is a ring of N - 1 rounds, each waiting for

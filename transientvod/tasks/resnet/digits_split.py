@@ -3,7 +3,7 @@
 Written once with scikit-learn 1.9.1 (`train_test_split` of the row numbers,
 test_size 0.2, stratified by digit, random_state 0) and kept here, so that a job's processes need
 not import scikit-learn (seconds each) and no scikit-learn release can move the split.
-tests/test_data.py checks both tuples against scikit-learn's split.
+tests/tasks/test_resnet_data.py checks both tuples against scikit-learn's split.
 """
 TRAIN_ROWS = tuple(int(i) for i in """
 1346 295 257 385 1640 849 640 757 591 158 319 5 85 1457 1740 347 206 1079 1627 89 912 762 297 1170 1632 896

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from conftest import assert_package_imports
 
-PACKAGE = Path(__file__).resolve().parents[1] / "transientvod" / "config"
+PACKAGE = Path(__file__).resolve().parents[2] / "transientvod" / "config"
 SCHEMA, RULES, LOAD = "transientvod.config.schema", "transientvod.config.rules", "transientvod.config.load"
 ALLOWED = {
     "schema": set(),

@@ -1,6 +1,6 @@
 """The fused compression ops (`transientvod.gradients.ops`) against their plain-PyTorch oracle.
 
-    .venv/bin/python -m pytest -q tests/test_ops.py
+    .venv/bin/python -m pytest -q tests/gradients/ops/test_ops.py
 
 Every property is one `_test_*` function that takes a device; the parametrized tests run it
 for each backend: "torch" (the reference itself) and "numba" on CPU, and on a machine with a

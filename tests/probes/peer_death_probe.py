@@ -1,4 +1,4 @@
-"""Run by tests/test_peer_death.py under elastic `horovodrun -np 2`: rank 0 dies (SIGKILL) while
+"""Run by tests/worker/test_peer_death.py under elastic `horovodrun -np 2`: rank 0 dies (SIGKILL) while
 rank 1 enqueues allreduces as fast as it can, as a gradient hook does during backward.
 
 Rank 1 must learn of the death as HorovodInternalError (from an enqueue or a synchronize), and

@@ -1,6 +1,6 @@
 """Run under `horovodrun -np 2`: transientvod.DistributedOptimizer against what it replaces.
 
-    python tests/library/optimizer_probe.py CASE
+    python tests/probes/optimizer_probe.py CASE
 
 Each rank trains the same small model on its own batches and prints one JSON line: the case,
 its rank, and the CRC of the parameters after each variant (equal CRCs are equal bits).

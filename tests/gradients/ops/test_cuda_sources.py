@@ -2,7 +2,7 @@
 register spills, the kernel text stays free of torch (NVRTC compiles it too), the Python face
 answers `available()` with a reason and refuses what the kernels cannot take, and the build
 helper setup.py calls picks the right extension list. The kernels' results are checked on a GPU
-host by tests/test_ops.py (see tests/gpu/run_checks.sh).
+host by tests/gradients/ops/test_ops.py (see tests/gpu/run_checks.sh).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import torch
 
 from transientvod.gradients.ops import cuda
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 CSRC = ROOT / "csrc"
 HEADER = CSRC / "cuda" / "compress.cuh"
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")

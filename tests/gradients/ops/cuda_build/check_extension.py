@@ -1,4 +1,4 @@
-"""Run by tests/test_cuda_extension_build.py with the CUDA build of torch (its own venv):
+"""Run by tests/gradients/ops/test_cuda_extension_build.py with the CUDA build of torch (its own venv):
 load the freshly built transientvod._C and check what a GPU-less machine can check. Prints
 one JSON object; every check that fails raises.
 

@@ -12,23 +12,11 @@ import time
 import pytest
 import yaml
 
-from conftest import explain
+from conftest import BOTH, explain, wait_for
 
 pytestmark = pytest.mark.slow
 
-BOTH = "localhost:1,127.0.0.1:1"
 BASE_LR = 0.05
-
-
-def wait_for(predicate, timeout: float, what: str, proc=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        if proc is not None and proc.poll() is not None:
-            pytest.fail(f"the job ended (exit {proc.returncode}) before {what}")
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}")
 
 
 def test_host_removed_mid_run_job_shrinks_and_lr_follows(job):

@@ -1,4 +1,4 @@
-"""The CUDA kernels' arithmetic, run on the CPU: tests/cuda_host/harness.cu compiles the element
+"""The CUDA kernels' arithmetic, run on the CPU: tests/gradients/ops/cuda_host/harness.cu compiles the element
 functions of csrc/cuda/compress.cuh (encode, decode, the residual update, quantize_one, ...) for
 the host with nvcc, and each op built from them must match the torch reference
 (transientvod/gradients/ops/reference.py) bit for bit: payload bits, residual bits, scales, codes, the
@@ -27,7 +27,7 @@ import torch
 
 from transientvod.gradients.ops import reference
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 HARNESS_SOURCE = ROOT / "tests" / "cuda_host" / "harness.cu"
 KERNEL_DIR = ROOT / "csrc" / "cuda"
 CODEC_IDS = {torch.float16: 0, torch.bfloat16: 1}  # harness.cu's enum Codec

@@ -1,8 +1,8 @@
-"""Run by tests/test_train_step.py under `horovodrun -np N`: prints one JSON line per rank.
+"""Run by tests/worker/test_train_step.py under `horovodrun -np N`: prints one JSON line per rank.
 
-    horovodrun -np 2 -H localhost:2 --gloo python tests/step_probe.py evaluate
-    horovodrun -np 2 -H localhost:2 --gloo python tests/step_probe.py vote
-    horovodrun -np 2 -H localhost:2 --gloo python tests/step_probe.py vote_cadence
+    horovodrun -np 2 -H localhost:2 --gloo python tests/probes/step_probe.py evaluate
+    horovodrun -np 2 -H localhost:2 --gloo python tests/probes/step_probe.py vote
+    horovodrun -np 2 -H localhost:2 --gloo python tests/probes/step_probe.py vote_cadence
 
 evaluate: every rank holds the same parameters but its own BatchNorm running statistics (as
 after training, where only gradients are averaged); the sharded `evaluate` must score exactly

@@ -5,7 +5,7 @@ import pytest
 
 from transientvod.config import ConfigError, config_from_yaml, load_config, to_yaml, write_resolved
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def write(tmp_path, text, name="job.yaml"):

@@ -5,34 +5,10 @@ import stat
 import subprocess
 
 import pytest
-import yaml
 
-from conftest import LOCAL_HOSTS, REPO, TRANSIENTVOD
+from conftest import (LOCAL_HOSTS, REPO, TRANSIENTVOD, assert_nothing_written, assert_one_sentence,
+                      run_train)
 
-GOOD_DISCOVERY = f"{LOCAL_HOSTS} --hosts localhost:1"
-
-
-def run_train(tmp_path, config: dict, discovery: str = GOOD_DISCOVERY, config_path=None):
-    config = {"run": {"name": "bad", "output_dir": str(tmp_path / "runs")}, **config}
-    if config_path is None:
-        config_path = tmp_path / "job.yaml"
-        config_path.write_text(yaml.safe_dump(config))
-    return subprocess.run(TRANSIENTVOD + ["train", "--config", str(config_path), "--discovery", discovery],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
-
-
-def assert_one_sentence(done, *fragments):
-    assert done.returncode == 2, done.stderr
-    assert "Traceback" not in done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, done.stderr
-    assert lines[0].startswith("transientvod: ") and lines[0].endswith("."), lines[0]
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-
-
-def assert_nothing_written(tmp_path):
-    assert not (tmp_path / "runs" / "bad" / "checkpoints").exists()
 
 
 def test_missing_data_directory(tmp_path):

@@ -1,6 +1,6 @@
-"""Run by tests/test_horovod_wait.py under `horovodrun -np 2`: prints one JSON line per rank.
+"""Run by tests/gradients/test_horovod_wait.py under `horovodrun -np 2`: prints one JSON line per rank.
 
-    horovodrun -np 2 -H localhost:2 --gloo python tests/wait_probe.py
+    horovodrun -np 2 -H localhost:2 --gloo python tests/probes/wait_probe.py
 
 Rank 0 joins each collective LATE_SECONDS late; rank 1 waits for it in every way the job
 waits, and reports the CPU seconds its process (every thread) spent per second of each wait:

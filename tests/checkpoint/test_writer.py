@@ -19,7 +19,7 @@ from conftest import moto_aws
 from transientvod.checkpoint import CheckpointError, LocalCheckpointStore
 from transientvod.checkpoint.writer import BackgroundCheckpointWriter, cpu_snapshot
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_YAML = "train:\n  steps: 400\n"
 
 

@@ -1,6 +1,6 @@
 """The gradient exchange across real ranks (`horovodrun`, Gloo), and its input checks.
 
-Each world size runs the probe once (tests/exchange_probe.py, every check it needs) and the
+Each world size runs the probe once (tests/probes/exchange_probe.py, every check it needs) and the
 tests read their rows from it, so a dozen properties cost three horovodrun starts.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The whole CUDA extension builds and loads on a machine without a GPU: setup.py compiles
 csrc/ops.cpp and csrc/cuda/compress.cu against a CUDA build of torch (its own venv, made by
 `make cuda-env` and cached), with CUDA_HOME unset so that setup_extension has to find the
-toolkit behind the nvcc wrapper itself. tests/cuda_build/check_extension.py then loads the
+toolkit behind the nvcc wrapper itself. tests/gradients/ops/cuda_build/check_extension.py then loads the
 library in that venv and checks the op schemas, that each op has a CUDA and a Meta kernel, that
 the Meta kernels check their arguments, that tracing records the ops (torch.compile's front
 end) and torch.library.opcheck's schema and fake-tensor tests. Nothing here runs a kernel."""
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 CUDA_VENV = Path(os.environ.get("TRANSIENTVOD_CUDA_VENV",
                                 Path.home() / ".cache" / "transientvod" / "venv-cuda-torch2.14.1"))
 CUDA_PYTHON = CUDA_VENV / "bin" / "python"

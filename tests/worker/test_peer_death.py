@@ -1,5 +1,5 @@
 """A peer dies while a survivor enqueues ops: the survivor gets HorovodInternalError, never a
-hang (tests/peer_death_probe.py; launch/horovod-0.28.1-transient.patch).
+hang (tests/probes/peer_death_probe.py; launch/horovod-0.28.1-transient.patch).
 
 Elastic `horovodrun`, because a static job kills every worker as soon as one fails.
 """
@@ -27,7 +27,7 @@ def run_round(discovery: Path) -> tuple[list[dict], str]:
     horovodrun = str(Path(sys.executable).parent / "horovodrun")
     proc = subprocess.Popen([horovodrun, "-np", "2", "--min-np", "1", "--max-np", "2", "--network-interface", "lo",
                              "--host-discovery-script", str(discovery),
-                             sys.executable, str(REPO / "tests" / "peer_death_probe.py")],
+                             sys.executable, str(REPO / "tests" / "probes" / "peer_death_probe.py")],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
                             start_new_session=True)
     try:

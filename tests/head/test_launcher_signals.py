@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from test_elastic_jobs import BOTH, wait_for
+from conftest import BOTH, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,7 @@
-"""Run by tests/test_exchange.py under `horovodrun -np N`: prints one JSON line per check and rank.
+"""Run by tests/gradients/test_exchange.py under `horovodrun -np N`: prints one JSON line per check and rank.
 
-    horovodrun -np 2 -H localhost:2 --gloo python tests/exchange_probe.py stale nan
-    horovodrun -np 4 -H localhost:4 --gloo python tests/exchange_probe.py owner_residual
+    horovodrun -np 2 -H localhost:2 --gloo python tests/probes/exchange_probe.py stale nan
+    horovodrun -np 4 -H localhost:4 --gloo python tests/probes/exchange_probe.py owner_residual
 
 Every check builds its own exchange and drains it before the next one starts, so no op is
 left in flight under a name the next exchange uses. TRANSIENTVOD_PROBE_DEVICE=cuda puts the
