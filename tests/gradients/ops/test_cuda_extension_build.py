@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[3]
 CUDA_VENV = Path(os.environ.get("TRANSIENTVOD_CUDA_VENV",
                                 Path.home() / ".cache" / "transientvod" / "venv-cuda-torch2.14.1"))
 CUDA_PYTHON = CUDA_VENV / "bin" / "python"
-CHECK = REPO / "tests" / "cuda_build" / "check_extension.py"
+CHECK = Path(__file__).resolve().parent / "cuda_build" / "check_extension.py"
 
 # The op contract, as csrc/ops.cpp declares it and transientvod/gradients/ops/cuda.py calls it.
 SCHEMAS = {

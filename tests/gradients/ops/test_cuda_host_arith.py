@@ -28,7 +28,7 @@ import torch
 from transientvod.gradients.ops import reference
 
 ROOT = Path(__file__).resolve().parents[3]
-HARNESS_SOURCE = ROOT / "tests" / "cuda_host" / "harness.cu"
+HARNESS_SOURCE = Path(__file__).resolve().parent / "cuda_host" / "harness.cu"
 KERNEL_DIR = ROOT / "csrc" / "cuda"
 CODEC_IDS = {torch.float16: 0, torch.bfloat16: 1}  # harness.cu's enum Codec
 # The largest finite pattern, and the value the next pattern up would have if the format had
