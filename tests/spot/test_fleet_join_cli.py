@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO, TRANSIENTVOD, reset_moto
 from test_user_data import KEY, values_in_bash
 
-from transientvod.cli import launcher_torch
+from transientvod.cli.fleet import launcher_torch
 from transientvod.spot.provisioning.aws_setup import AwsSetup, setup_instance_profile, setup_security_group
 from transientvod.spot.provisioning.fleet import Fleet
 from transientvod.spot.provisioning.fleet_spec import FleetSpec

@@ -65,7 +65,7 @@ def test_minutes_under_two_are_one_sentence(minutes):
 
 
 def test_the_cli_default_is_the_watchdogs():
-    from transientvod.cli import WATCHDOG_DEFAULT_MINUTES
+    from transientvod.cli.fleet import WATCHDOG_DEFAULT_MINUTES
     assert WATCHDOG_DEFAULT_MINUTES == watchdog.DEFAULT_MINUTES
 
 
