@@ -79,8 +79,7 @@ independent, so blocks of them are spread over the cores with prange: on a 2-cor
 measured 0.7 ms per 10,000 runs against 2.3 ms for a plain loop, for a longer first compile
 (about 3.5 s against 1.5 s). benchmarks/simulate.py measures it.
 
-Never imports torch or horovod: the planner runs where neither is installed.
-"""
+Never imports torch or horovod: the planner runs where neither is installed."""
 from __future__ import annotations
 
 import math
@@ -90,10 +89,11 @@ import numpy as np
 from numba import njit, prange
 
 from transientvod.billing.meter import billed_seconds
+from transientvod.planner.montecarlo_inputs import per_server, positive_number, real_array
+
 
 STUDY, ELASTIC, RESTART = 0, 1, 2
 SYSTEM_NAMES = ("STUDY", "ELASTIC", "RESTART")
-
 DAY_S = 24 * 3600.0
 
 
@@ -142,18 +142,18 @@ def simulate_runs(revoked_at, noticed, lost_steps, replacement_life, throughput,
     same shape. replacement_life: float [R, W, G]. throughput: float [>= W + 1], steps/s by
     the number of active workers, throughput[0] = 0. system: STUDY, ELASTIC or RESTART.
     """
-    revoked_at = _real_array("revoked_at", revoked_at, 2)
+    revoked_at = real_array("revoked_at", revoked_at, 2)
     runs, slots = revoked_at.shape
     if slots < 1:
         raise ValueError("revoked_at has no slots: give it shape [runs, workers] with at least one worker.")
-    replacement_life = _real_array("replacement_life", replacement_life, 3)
+    replacement_life = real_array("replacement_life", replacement_life, 3)
     if replacement_life.shape[:2] != (runs, slots):
         raise ValueError(f"replacement_life has shape {replacement_life.shape}; it must be [runs, workers, "
                          f"generations] = [{runs}, {slots}, G] like revoked_at {revoked_at.shape}.")
     servers = replacement_life.shape[2] + 1
-    noticed = _per_server("noticed", noticed, runs, slots, servers)
-    lost_steps = _per_server("lost_steps", _real_array("lost_steps", lost_steps, None), runs, slots, servers)
-    throughput = _real_array("throughput", throughput, 1)
+    noticed = per_server("noticed", noticed, runs, slots, servers)
+    lost_steps = per_server("lost_steps", real_array("lost_steps", lost_steps, None), runs, slots, servers)
+    throughput = real_array("throughput", throughput, 1)
 
     if np.isnan(revoked_at).any() or (revoked_at < 0).any():
         raise ValueError("revoked_at has a NaN or negative time: use seconds >= 0, or np.inf for never.")
@@ -168,7 +168,7 @@ def simulate_runs(revoked_at, noticed, lost_steps, replacement_life, throughput,
         raise ValueError("throughput must be finite steps/s >= 0 with throughput[0] = 0 (no workers, no steps).")
     if system not in (STUDY, ELASTIC, RESTART):
         raise ValueError(f"system is {system!r}; use STUDY ({STUDY}), ELASTIC ({ELASTIC}) or RESTART ({RESTART}).")
-    steps = _positive("steps", steps)
+    steps = positive_number("steps", steps)
     recovery_s = float(recovery_s)
     if not (math.isfinite(recovery_s) and recovery_s >= 0):
         raise ValueError(f"recovery_s is {recovery_s}; it must be a finite number of seconds >= 0.")
@@ -178,18 +178,18 @@ def simulate_runs(revoked_at, noticed, lost_steps, replacement_life, throughput,
                          "or np.inf for no replacements.")
     if not (isinstance(master_slot, (int, np.integer)) and 0 <= master_slot < slots):
         raise ValueError(f"master_slot is {master_slot!r}; it must be a slot index 0..{slots - 1}.")
-    horizon_s = _positive("horizon_s", horizon_s)
+    horizon_s = positive_number("horizon_s", horizon_s)
     start_s = float(start_s)
     if not (math.isfinite(start_s) and 0 <= start_s < horizon_s):
         raise ValueError(f"start_s is {start_s}; it must be seconds >= 0 before horizon_s (the servers' provisioning).")
-    join_step = np.zeros(slots) if join_step is None else _real_array("join_step", join_step, 1)
+    join_step = np.zeros(slots) if join_step is None else real_array("join_step", join_step, 1)
     if join_step.shape != (slots,):
         raise ValueError(f"join_step has {join_step.size} entries; it needs one per slot ({slots}).")
     if not (np.isfinite(join_step).all() and (join_step >= 0).all() and (join_step < steps).all()):
         raise ValueError(f"join_step must be steps from 0 (in the cluster from the start) to below steps ({steps:g}).")
     if join_step[master_slot] != 0:
         raise ValueError(f"the master slot {master_slot} must be in the cluster from the start (join_step 0).")
-    join_delay_s = np.broadcast_to(_real_array("join_delay_s", join_delay_s, None), (slots,)).copy() \
+    join_delay_s = np.broadcast_to(real_array("join_delay_s", join_delay_s, None), (slots,)).copy() \
         if np.size(join_delay_s) in (1, slots) else None
     if join_delay_s is None:
         raise ValueError(f"join_delay_s needs one value, or one per slot ({slots}).")
@@ -199,7 +199,7 @@ def simulate_runs(revoked_at, noticed, lost_steps, replacement_life, throughput,
     if rate_by_set is None:
         rate_by_set = np.zeros(0)
     else:
-        rate_by_set = _real_array("rate_by_set", rate_by_set, 1)
+        rate_by_set = real_array("rate_by_set", rate_by_set, 1)
         if slots > MAX_SET_SLOTS or rate_by_set.size != 2 ** slots:
             raise ValueError(f"rate_by_set has {rate_by_set.size} entries; it needs one per set of active slots, "
                              f"2**{slots}, and at most {MAX_SET_SLOTS} slots.")
@@ -219,43 +219,10 @@ def simulate_runs(revoked_at, noticed, lost_steps, replacement_life, throughput,
                       training_by_slot.sum(axis=1), billed_by_slot, training_by_slot)
 
 
-def _real_array(name, values, ndim):
-    """values as a C-contiguous float64 array (a copy only if needed), or a ValueError."""
-    array = np.asarray(values)
-    if array.dtype.kind not in "fiu":
-        raise ValueError(f"{name} has dtype {array.dtype}; it must hold real numbers (float64).")
-    if ndim is not None and array.ndim != ndim:
-        raise ValueError(f"{name} has {array.ndim} dimensions; it must have {ndim}.")
-    return np.ascontiguousarray(array, dtype=np.float64)
-
-
-def _per_server(name, values, runs, slots, servers):
-    """[R, W] spread over the slot's servers, or [R, W, G + 1] as is."""
-    array = np.asarray(values)
-    if name == "noticed" and array.dtype != np.bool_:
-        raise ValueError(f"noticed has dtype {array.dtype}; it must be bool (True: the server got a notice).")
-    if array.shape == (runs, slots):
-        return np.ascontiguousarray(np.repeat(array[:, :, None], servers, axis=2))
-    if array.shape == (runs, slots, servers):
-        return np.ascontiguousarray(array)
-    raise ValueError(f"{name} has shape {array.shape}; it must be [runs, workers] = {(runs, slots)} or "
-                     f"[runs, workers, generations + 1] = {(runs, slots, servers)}.")
-
-
-def _positive(name, value):
-    value = float(value)
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} is {value}; it must be a finite number > 0.")
-    return value
-
-
 # The bill's own rule (per second, rounded up, one minute at least), compiled for the kernel.
 _billed = njit(cache=True)(billed_seconds)
-
-
 # rate_by_set is indexed by a bit mask of the active slots: 2**20 entries (8 MiB) at most.
 MAX_SET_SLOTS = 20
-
 # Runs are handed out in blocks, so each thread allocates its per-slot state once per block
 # rather than once per run.
 RUNS_PER_BLOCK = 256
