@@ -14,7 +14,7 @@ Pending instances are left out: they are not part of the job until they run.
 Interruption notices reach the watcher the way AWS's own node termination handler receives
 them in queue mode: EventBridge rules send EC2's events to an SQS queue, and each poll drains
 the queue. ``transientvod aws setup --job-tag <job> --region <region>`` makes the queue
-(``transientvod-<job>-notices``), its policy and the rules (spot/provisioning/aws_setup.py, names and
+(``transientvod-<job>-notices``), its policy and the rules (spot/provisioning/aws_setup/, names and
 documents in spot/aws_names.py), and writes the ``spot:`` config with the queue URL. Give
 each job its own queue: the watcher deletes every message it reads, its own job's or not.
 Without a queue the provider still notices instances whose spot request status marks them

@@ -1,6 +1,6 @@
 """What `transientvod aws setup` makes for a job, as plain data: the names (derived from the
 job tag alone, so `teardown` finds them with nothing else to go on), the EventBridge event
-patterns, and the policy documents. No AWS calls here; aws_setup.py makes the calls.
+patterns, and the policy documents. No AWS calls here; aws_setup/ makes the calls.
 
 The policies follow AWS's node termination handler in queue mode: the queue lets
 events.amazonaws.com send to it, only from this job's rules; the workers' role may describe
