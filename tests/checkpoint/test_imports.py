@@ -4,6 +4,8 @@ import only the boto3 client factory (aws_clients, a leaf), and its own modules 
 the config and asks hosts over SSH (spot's probe), and nothing else here imports it."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from conftest import assert_package_imports
@@ -30,3 +32,14 @@ ALLOWED = {
 
 def test_every_checkpoint_module_imports_only_the_modules_below_it():
     assert_package_imports(PACKAGE, ALLOWED, heavy_allowed=True)  # the store writes torch state
+
+
+def test_the_shared_disk_check_loads_no_torch():
+    """The launcher runs it before the task is tried (a library-mode job's launcher tries none),
+    and the package's __init__ comes with it: torch is imported only where a checkpoint's
+    bytes are made or read."""
+    code = ("import sys, transientvod.checkpoint.shared_disk, transientvod.head.remote_hosts; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'horovod')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

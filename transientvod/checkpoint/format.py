@@ -19,8 +19,6 @@ import re
 import time
 import typing
 
-import torch
-
 FORMAT = 1  # manifest.json "format"; a reader skips checkpoints of a format it does not know
 STATE_FILE = "state.pt"
 CONFIG_FILE = "config.yaml"
@@ -52,6 +50,8 @@ def step_of_dir_name(name: str) -> int | None:
 
 def encode_checkpoint(step: int, state: dict, config_yaml: str) -> dict[str, bytes]:
     """The files of one checkpoint, by name, in the order to write them: manifest last."""
+    import torch  # here, not at the top: the launcher's shared-disk check imports this package
+
     buffer = io.BytesIO()
     # Serialized to bytes first so that the checksum is of exactly the bytes written, and an
     # object store can upload them without a temporary file.
@@ -97,6 +97,8 @@ def decode_checkpoint(step: int, read_file: typing.Callable[[str], bytes]) -> tu
         if hashlib.sha256(data).hexdigest() != sha256:
             raise CorruptCheckpoint(f"{name} does not match its sha256 in the manifest")
         contents[name] = data
+    import torch
+
     try:
         # weights_only=False: the state holds optimizer and sampler objects, and the checksum
         # above shows these are the bytes this package wrote.
