@@ -274,11 +274,13 @@ def new_mlflow_store(directory: Path) -> str:
     return uri
 
 
-def wait_until(predicate, timeout: float, what: str) -> None:
-    import time
-
+def wait_until(predicate, timeout: float, what: str, proc=None) -> None:
+    """Poll `predicate` until it holds; a failure after `timeout` s, or as soon as `proc` (a
+    job's process, if given) has ended without it."""
     deadline = time.monotonic() + timeout
     while not predicate():
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"the job ended (exit {proc.returncode}) before {what}")
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.1)
@@ -348,14 +350,3 @@ def assert_nothing_written(tmp_path):
 # -- shared by the job tests of worker/ and head/ -----------------------------------------------
 
 BOTH = "localhost:1,127.0.0.1:1"  # two hosts to Horovod, both this machine: a host can leave without ssh
-
-
-def wait_for(predicate, timeout: float, what: str, proc=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        if proc is not None and proc.poll() is not None:
-            pytest.fail(f"the job ended (exit {proc.returncode}) before {what}")
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BOTH, wait_for
+from conftest import BOTH, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +63,7 @@ def test_a_signal_to_the_launcher_stops_horovodrun_and_every_worker(job, tmp_pat
     log_path = tmp_path / "job.log"
     proc = j.start(j.discovery(f"0={BOTH}"), log_path)
     try:
-        wait_for(lambda: j.last_step() >= 30 and len({e["pid"] for e in j.rows("events.jsonl")}) == 2, 120,
+        wait_until(lambda: j.last_step() >= 30 and len({e["pid"] for e in j.rows("events.jsonl")}) == 2, 120,
                  "step 30 on two workers", proc)
         started = descendants(proc.pid)  # horovodrun, its middlemen, the workers
         workers = {e["pid"] for e in j.rows("events.jsonl")}

@@ -12,7 +12,7 @@ import time
 import pytest
 import yaml
 
-from conftest import BOTH, explain, wait_for
+from conftest import BOTH, explain, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -98,7 +98,7 @@ def test_worker_killed_mid_step_survivors_roll_back_and_finish(job, tmp_path, vi
     j = job("sigkill", train={"steps": 600})
     proc = j.start(j.discovery(f"0={BOTH}"), tmp_path / "sigkill.log")
     try:
-        wait_for(lambda: j.last_step() >= 150, 120, "step 150", proc)
+        wait_until(lambda: j.last_step() >= 150, 120, "step 150", proc)
         victim = next(e for e in j.rows("events.jsonl") if e["rank"] == victim_rank)
         os.kill(victim["pid"], signal.SIGKILL)
         proc.wait(timeout=180)
@@ -121,7 +121,7 @@ def test_whole_job_killed_then_restarted_resumes_from_checkpoint(job, tmp_path):
     proc = j.start(discovery, tmp_path / "first.log")
     checkpoints = j.run_dir / "checkpoints"
     try:
-        wait_for(lambda: checkpoints.exists() and any(p.name >= "step-000000150" for p in checkpoints.iterdir()),
+        wait_until(lambda: checkpoints.exists() and any(p.name >= "step-000000150" for p in checkpoints.iterdir()),
                  120, "a checkpoint at step 150", proc)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # every worker and the driver at once

@@ -18,7 +18,7 @@ cluster.head_ports (ports.py), so a firewall can be written for it.
 
 Why a channel of our own rather than MLflow or the checkpoint store: the records must reach
 the head with tracking off, and with a local checkpoint directory on a shared mount; the
-channel needs neither. The worker's half is `ChannelRecord`: a thread posts the lines, so the
+channel needs neither. The worker's half is `ChannelRecord` (records.py): a thread posts the lines, so the
 training loop never waits for the head.
 """
 from __future__ import annotations

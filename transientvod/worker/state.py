@@ -9,7 +9,7 @@ only adds bookkeeping and policy on top of its machinery:
 - `HorovodInternalError`: a peer died mid-collective (revoked without notice, SIGKILL).
   Survivors `restore()` the last commit, so they lose the steps since that commit.
 
-When to commit, and which commits become durable checkpoints, is `CommitPolicy`'s to say
+When to commit, and which commits become durable checkpoints, is `CommitPolicy`'s to say (commit.py)
 (every `commit_every` steps; at once for a pending host update; every step after an
 interruption notice). After either event, Horovod re-forms the ring and calls our reset callbacks; `TransientState`
 records what was lost and how long recovery took, the learning rate is rescaled to the new
