@@ -28,9 +28,13 @@ def test_a_rank_waiting_for_a_late_peer_polls_instead_of_spinning_and_gets_the_s
         assert row["state"] == rows[0]["state"] and row["state"]["step"] == 7, row  # rank 0's state
     assert rows[0]["state"]["momentum"] != 0, rows[0]  # so the optimizer's broadcast carried something
     # A spinning wait costs what the busy loop does (Horovod 0.28.1's own synchronize yields in
-    # a loop: 1.33 cores measured here); a polling one costs the background thread's
-    # coordination, a small part of a core. The control runs on the same machine at the same
-    # moment, so a loaded machine lowers both.
-    assert waiter["busy_cpu"] > 0.5, waiter
+    # a loop: 1.33 cores measured here); a polling one costs what an idle rank does (Horovod's
+    # background thread coordinating with its peers) and a little more. Both controls run on the
+    # same machine at the same moment, and each wait is judged by what it costs above idle: the
+    # idle floor itself moves with the machine's load (0.15-0.29 of a core in four runs here,
+    # one wait at 0.41 in CI), a spin's excess stays near a whole core.
+    idle, busy = waiter["idle_cpu"], waiter["busy_cpu"]
+    assert busy - idle > 0.5, waiter
     for wait in WAITS:
-        assert waiter[wait] < 0.35 and waiter[wait] * 2 < waiter["busy_cpu"], (wait, waiter)
+        excess = waiter[wait] - idle
+        assert excess < 0.35 and excess * 2 < busy - idle, (wait, waiter)

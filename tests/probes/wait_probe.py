@@ -6,6 +6,8 @@ Rank 0 joins each collective LATE_SECONDS late; rank 1 waits for it in every way
 waits, and reports the CPU seconds its process (every thread) spent per second of each wait:
 - busy: a Python loop that never waits (the control: what a spinning waiter would cost on
   this machine at this moment);
+- idle: both ranks asleep (the floor: Horovod's background thread coordinates with its peers
+  every cycle, HOROVOD_CYCLE_TIME, whatever the rank's own thread does);
 - synchronize, allreduce, broadcast_object: Horovod's own blocking calls (our build's
   `hvd.synchronize` sleeps between polls: launch/horovod-0.28.1-transient.patch);
 - wait: horovod_wait.wait on an async allreduce;
@@ -64,6 +66,7 @@ def main() -> None:
     report = {"rank": hvd.rank()}
 
     _, report["busy_cpu"] = timed(lambda: busy_loop(LATE_SECONDS))
+    _, report["idle_cpu"] = timed(lambda: time.sleep(LATE_SECONDS))
     late()
     synced, report["synchronize_cpu"] = timed(
         lambda: hvd.synchronize(hvd.allreduce_async(mine, name="synchronize", op=hvd.Sum)))
