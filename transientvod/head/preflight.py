@@ -77,9 +77,12 @@ def prepare(config: Config, discovery: str | None = None, script: list[str] | No
         check_checkpoint_reach(config, remote)
     except SharedDiskError as e:
         raise LaunchError(str(e)) from None
+    check_prices(config)
+    check_budget_left(config)
     # The task (the built-in one too) imported, its data and model built once here: a missing
-    # file or a broken function is reported now, not by every worker at once. (Imported late:
-    # torch is slow to import and not needed above.)
+    # file or a broken function is reported now, not by every worker at once. After the checks
+    # of the config alone: importing torch and building an optimizer take seconds (4 s of a
+    # 5 s `train` with a mistyped instance type, before this came after them).
     from transientvod.tasks import TaskError
     from transientvod.tasks.check import check_task
     try:
@@ -87,8 +90,6 @@ def prepare(config: Config, discovery: str | None = None, script: list[str] | No
             check_task(config)
     except TaskError as e:
         raise LaunchError(str(e)) from None
-    check_prices(config)
-    check_budget_left(config)
     config.cluster.discovery_script = discovery
     if config.tracking.enabled:
         # Last of the checks, so that a job that cannot start leaves no empty run behind.
