@@ -265,6 +265,9 @@ def test_empty_bucket(backend):
         payloads = torch.empty(2, 0, dtype=dtype, device=backend)
         scales = torch.empty(2, 0, device=backend) if dtype == torch.int8 else None
         assert ops.decompress_sum_(payloads, empty.clone(), 0.5, scales=scales) is False
+        out_scales = empty.clone() if dtype == torch.int8 else None
+        assert ops.reduce_compress_ef_(payloads, empty.clone(), torch.empty(0, dtype=dtype, device=backend), 0.5,
+                                       in_scales=scales, out_scales=out_scales) is False
 
 
 OVERFLOW = {  # (largest float32 that stays finite, smallest that rounds to inf, a few beyond)
@@ -508,6 +511,128 @@ def test_decompress_sum_of_zeros_is_plus_zero(backend, dtype):
 
 
 # ---------------------------------------------------------------------------------------------
+# reduce_compress_ef_: decompress_sum_(.., 1.0) then compress_ef_, fused
+
+
+def owner_residual(m: int, seed: int) -> torch.Tensor:
+    """An owner's residual from earlier steps: small, non-zero, -0.0 at element 0."""
+    residual = torch.randn(m, generator=torch.Generator().manual_seed(seed)) * 2.0**-12
+    residual[:1] = -0.0
+    return residual
+
+
+def _test_reduce_compress_ef_on(device: torch.device, payloads: torch.Tensor, scales: torch.Tensor | None,
+                                residual: torch.Tensor, weight: float, block: int = 512) -> bool:
+    """reduce_compress_ef_ on device against the reference (CPU copies), and against the two ops
+    it fuses run on the same backend; returns its answer."""
+    (k, m), dtype = payloads.shape, payloads.dtype
+    nb = ref.nblocks(m, block) if dtype == torch.int8 else 0
+
+    def outputs():
+        return (residual.clone().to(device), torch.empty(m, dtype=dtype, device=device),
+                torch.full((nb,), 5.0, device=device) if dtype == torch.int8 else None)
+
+    exp_residual, exp_payload, exp_scales = (residual.clone(), torch.empty(m, dtype=dtype),
+                                             torch.empty(nb) if dtype == torch.int8 else None)
+    exp_flag = ref.reference_reduce_compress_ef_(payloads, exp_residual, exp_payload, weight, in_scales=scales,
+                                                 out_scales=exp_scales, block=block)
+    p, s = payloads.to(device), None if scales is None else scales.to(device)
+    r, out, out_scales = outputs()
+    flag = ops.reduce_compress_ef_(p, r, out, weight, in_scales=s, out_scales=out_scales, block=block)
+    assert flag is exp_flag, f"the non-finite flag is {flag}, the reference says {exp_flag}"
+    assert torch.equal(bits(p), bits(payloads)), "reduce_compress_ef_ changed the copies"
+    assert_same(out, exp_payload, "out_payload")
+    assert_same(r, exp_residual, "residual")
+    if scales is not None:
+        assert_same(out_scales, exp_scales, "out_scales")
+    # the bits of the two ops it replaces, on this same backend
+    r2, out2, out_scales2 = outputs()
+    total = torch.empty(m, device=device)
+    summed_bad = ops.decompress_sum_(p, total, 1.0, scales=s, block=block)
+    encoded_bad = ops.compress_ef_(total, r2, out2, weight, scales=out_scales2, block=block)
+    assert flag is (summed_bad or encoded_bad)
+    assert_same(out, out2, "out_payload vs decompress_sum_ + compress_ef_")
+    assert_same(r, r2, "residual vs decompress_sum_ + compress_ef_")
+    if scales is not None:
+        assert_same(out_scales, out_scales2, "out_scales vs decompress_sum_ + compress_ef_")
+    return flag
+
+
+def _test_reduce_compress_ef(device: torch.device, dtype: torch.dtype, k: int, m: int, block: int = 512,
+                             nonfinite: bool = False, seed: int = 0) -> None:
+    payloads, scales = copies(dtype, k, m, block, seed)
+    if dtype != torch.int8:
+        payloads[:, 0] = -0.0
+    if nonfinite:
+        make_nonfinite(payloads, scales)
+    flag = _test_reduce_compress_ef_on(device, payloads, scales, owner_residual(m, seed), 1.0 / k, block)
+    assert flag is nonfinite, f"the non-finite flag is {flag}, the copies hold NaN/Inf: {nonfinite}"
+
+
+@backends_param
+@pytest.mark.parametrize("m", SIZES)
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", PAYLOADS, ids=str)
+def test_reduce_compress_ef(backend, dtype, k, m):
+    _test_reduce_compress_ef(backend, dtype, k, m, seed=k * m + 1)
+
+
+@backends_param
+@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("dtype", PAYLOADS, ids=str)
+def test_reduce_compress_ef_flags_nan_and_inf(backend, dtype, k):
+    _test_reduce_compress_ef(backend, dtype, k, 5000, nonfinite=True, seed=k)
+
+
+@backends_param
+@pytest.mark.parametrize("block", BLOCKS)
+def test_reduce_compress_ef_int8_blocks(backend, block):
+    _test_reduce_compress_ef(backend, torch.int8, 3, 4 * block + 3, block=block, seed=block)
+    _test_reduce_compress_ef(backend, torch.int8, 2, 2 * block - 1, block=block, nonfinite=True, seed=block)
+
+
+@backends_param
+@pytest.mark.parametrize("dtype", [torch.float16, torch.int8], ids=str)
+def test_reduce_compress_ef_big_bucket(backend, dtype):
+    _test_reduce_compress_ef(backend, dtype, 3, BIG, nonfinite=True, seed=4)
+
+
+@backends_param
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_reduce_compress_ef_sums_past_the_format_and_subnormals(backend, dtype):
+    """Two copies whose sum overflows the format (fp16: each at 65504; bf16: past float32's range
+    too) are flagged with residual 0; subnormal copies and -0.0 copies re-encode as compress_ef_
+    would encode their sum."""
+    k, m = 2, 3000
+    payloads, _ = copies(dtype, k, m, 512, seed=9)
+    largest = torch.finfo(dtype).max
+    payloads[:, 100:104] = torch.tensor([largest, -largest, largest, largest]).to(dtype)
+    tiny = torch.finfo(dtype).smallest_normal
+    payloads[:, 200:264] = (torch.arange(64) * tiny / 64).to(dtype)  # subnormals of the format
+    payloads[:, 300:310] = -0.0
+    residual = owner_residual(m, seed=9)
+    residual[200:232] = 0.0  # x is the subnormal sum itself there
+    for weight in (1.0, 0.75):  # fp16: 2 * 65504 * 0.75 is still past 65520
+        assert _test_reduce_compress_ef_on(backend, payloads, None, residual, weight) is True
+
+
+@backends_param
+def test_reduce_compress_ef_int8_zero_and_tiny_blocks(backend):
+    """A block whose copies are all zero codes (and residual 0) gets scale 0 and codes 0, never
+    NaN; a block whose copies have scale 0, or subnormal scales, re-encodes its residual."""
+    k, m, block = 3, 4 * 256 + 5, 256
+    payloads, scales = copies(torch.int8, k, m, block, seed=11)
+    residual = owner_residual(m, seed=11)
+    payloads[:, :256], residual[:256] = 0, 0.0
+    scales[:, 1] = 0.0
+    scales[:, 2] = 1e-40
+    assert _test_reduce_compress_ef_on(backend, payloads, scales, residual, 1.0 / k, block) is False
+    out, out_scales = torch.empty(m, dtype=torch.int8), torch.empty(5)
+    ref.reference_reduce_compress_ef_(payloads, residual.clone(), out, 1.0 / k, scales, out_scales, block)
+    assert out_scales[0] == 0 and torch.all(out[:256] == 0)
+
+
+# ---------------------------------------------------------------------------------------------
 # Bad calls: a ValueError with one sentence, from every backend alike (checked before dispatch)
 
 
@@ -516,7 +641,7 @@ def z(*shape, dtype=torch.float32, device="cpu"):
 
 
 F16, BF16, I8 = torch.float16, torch.bfloat16, torch.int8
-COMPRESS, DECOMPRESS, SUM = ops.compress_ef_, ops.decompress_avg_, ops.decompress_sum_
+COMPRESS, DECOMPRESS, SUM, OWNER = ops.compress_ef_, ops.decompress_avg_, ops.decompress_sum_, ops.reduce_compress_ef_
 BAD_CALLS = {  # case: (op, args, kwargs, words the message must hold)
     "grad float64": (COMPRESS, (z(8, dtype=torch.float64), z(8), z(8, dtype=F16), 1.0), {}, "grad is torch.float64"),
     "residual shorter": (COMPRESS, (z(8), z(7), z(8, dtype=F16), 1.0), {}, "residual has 7 elements"),
@@ -551,6 +676,30 @@ BAD_CALLS = {  # case: (op, args, kwargs, words the message must hold)
     "sum scales for bf16": (SUM, (z(2, 8, dtype=BF16), z(8), 0.5), {"scales": z(2, 1)}, "int8 payloads only"),
     "sum block 2048": (SUM, (z(2, 8, dtype=I8), z(8), 0.5), {"scales": z(2, 1), "block": 2048}, "256 to 1024"),
     "sum inv_n text": (SUM, (z(2, 8, dtype=F16), z(8), "a third"), {}, "inv_n is 'a third'"),
+    "owner payloads 1-D": (OWNER, (z(8, dtype=F16), z(8), z(8, dtype=F16), 0.5), {}, "2-D [ranks, elements]"),
+    "owner no ranks": (OWNER, (z(0, 8, dtype=F16), z(8), z(8, dtype=F16), 0.5), {}, "at least one rank's copy"),
+    "owner payloads float32": (OWNER, (z(2, 8), z(8), z(8, dtype=F16), 0.5), {}, "payloads is torch.float32"),
+    "owner out other format": (OWNER, (z(2, 8, dtype=F16), z(8), z(8, dtype=BF16), 0.5), {},
+                               "out_payload is torch.bfloat16 but payloads is torch.float16"),
+    "owner residual float16": (OWNER, (z(2, 8, dtype=F16), z(8, dtype=F16), z(8, dtype=F16), 0.5), {},
+                               "residual is torch.float16"),
+    "owner residual shorter": (OWNER, (z(2, 8, dtype=F16), z(7), z(8, dtype=F16), 0.5), {},
+                               "residual has 7 elements but each row of payloads"),
+    "owner out shorter": (OWNER, (z(2, 8, dtype=F16), z(8), z(6, dtype=F16), 0.5), {}, "out_payload has 6"),
+    "owner other device": (OWNER, (z(2, 8, dtype=F16), z(8, device="meta"), z(8, dtype=F16), 0.5), {}, "one device"),
+    "owner no in_scales": (OWNER, (z(2, 8, dtype=I8), z(8), z(8, dtype=I8), 0.5), {"out_scales": z(1)},
+                           "needs in_scales"),
+    "owner no out_scales": (OWNER, (z(2, 8, dtype=I8), z(8), z(8, dtype=I8), 0.5), {"in_scales": z(2, 1)},
+                            "needs out_scales"),
+    "owner out_scales 2-D": (OWNER, (z(2, 8, dtype=I8), z(8), z(8, dtype=I8), 0.5),
+                             {"in_scales": z(2, 1), "out_scales": z(2, 1)}, "flat 1-D"),
+    "owner in_scales one row": (OWNER, (z(2, 8, dtype=I8), z(8), z(8, dtype=I8), 0.5),
+                                {"in_scales": z(1, 1), "out_scales": z(1)}, "need shape (2, 1)"),
+    "owner in_scales for fp16": (OWNER, (z(2, 8, dtype=F16), z(8), z(8, dtype=F16), 0.5), {"in_scales": z(2, 1)},
+                                 "int8 payloads only"),
+    "owner block 128": (OWNER, (z(2, 8, dtype=I8), z(8), z(8, dtype=I8), 0.5),
+                        {"in_scales": z(2, 1), "out_scales": z(1), "block": 128}, "block is 128"),
+    "owner weight text": (OWNER, (z(2, 8, dtype=F16), z(8), z(8, dtype=F16), "half"), {}, "weight is 'half'"),
 }
 
 
@@ -629,7 +778,7 @@ def test_flag_argument_ors_what_the_bool_would_say_and_returns_none(backend, pay
     dirty = clean.clone()
     dirty[1234] = float("nan")
     for grad, expected in ((clean, 0), (dirty, 1)):
-        results = []
+        results, owner_answers = [], []
         for use_flag in (False, True):
             residual = torch.zeros(n, device=backend)
             payload = torch.empty(n, dtype=payload_dtype, device=backend)
@@ -642,14 +791,27 @@ def test_flag_argument_ors_what_the_bool_would_say_and_returns_none(backend, pay
             said_sum = ops.decompress_sum_(payload.reshape(1, n).repeat(2, 1), total, 0.5,
                                            scales=scales.reshape(1, nb).repeat(2, 1) if scaled else None,
                                            block=block, flag=flag)
+            # the owner's op on two copies of the payload, with a flag of its own (an int8 payload
+            # carries no NaN: its copies are clean)
+            owner_payload = torch.empty(n, dtype=payload_dtype, device=backend)
+            owner_carry = torch.ones(n, device=backend)
+            owner_scales = torch.empty(nb, device=backend) if scaled else None
+            owner_flag = torch.zeros(1, dtype=torch.int32, device=backend) if use_flag else None
+            said_owner = ops.reduce_compress_ef_(payload.reshape(1, n).repeat(2, 1), owner_carry, owner_payload, 0.5,
+                                                 in_scales=scales.reshape(1, nb).repeat(2, 1) if scaled else None,
+                                                 out_scales=owner_scales, block=block, flag=owner_flag)
             if use_flag:
-                assert (said, said_avg, said_sum) == (None, None, None)
+                assert (said, said_avg, said_sum, said_owner) == (None, None, None, None)
                 assert flag.item() == expected, "the flag must say what the bools say"
+                owner_answers.append(owner_flag.item())
             else:
                 assert said is bool(expected)
-            results.append((residual.cpu(), payload.cpu(), out.cpu(), total.cpu()))
+                owner_answers.append(int(said_owner))
+            results.append((residual.cpu(), payload.cpu(), out.cpu(), total.cpu(), owner_payload.cpu(),
+                            owner_carry.cpu()) + (() if owner_scales is None else (owner_scales.cpu(),)))
         for with_bool, with_flag in zip(*results):
             assert_same(with_flag, with_bool, "the same results with flag=")
+        assert owner_answers == [0 if scaled else expected] * 2, "reduce_compress_ef_'s flag must match its bool"
 
 
 @backends_param

@@ -5,8 +5,9 @@
     nonfinite = ops.compress_ef_(grad, residual, q, weight, scales=s, block=512)  # int8 payload
     nonfinite = ops.decompress_avg_(summed, out, 1.0 / world_size, scales=s)
     nonfinite = ops.decompress_sum_(payloads, total, 1.0 / world_size, scales=s)  # [k, m]: k copies
+    nonfinite = ops.reduce_compress_ef_(payloads, residual, out, 1.0 / world_size)  # decompress_sum_ + compress_ef_
 
-Every op works on contiguous buckets (flat 1-D, or k rows of m for decompress_sum_), in place,
+Every op works on contiguous buckets (flat 1-D, or k rows of m for the owner's two), in place,
 in one pass, and returns a Python bool: True if it saw a NaN or Inf (found in the same pass).
 On a GPU that bool waits for the stream. Given `flag=` (an int32 tensor of one element on the
 tensors' device, zeroed by the caller), an op instead ORs 1 into it and returns None, without
@@ -34,14 +35,16 @@ import torch
 
 from transientvod.gradients.ops import reference
 from transientvod.gradients.ops.reference import (check_compress_ef, check_decompress_avg, check_decompress_sum,
-                                        reference_compress_ef_, reference_decompress_avg_,
-                                        reference_decompress_sum_)
+                                                  check_reduce_compress_ef, reference_compress_ef_,
+                                                  reference_decompress_avg_, reference_decompress_sum_,
+                                                  reference_reduce_compress_ef_)
 
 BACKENDS = ("cuda", "cupy", "numba", "torch")
 KERNELS_ENV = "TRANSIENTVOD_KERNELS"
 
 __all__ = ["BACKENDS", "KERNELS_ENV", "backend_for", "compress_ef_", "decompress_avg_", "decompress_sum_",
-           "reference_compress_ef_", "reference_decompress_avg_", "reference_decompress_sum_"]
+           "reduce_compress_ef_", "reference_compress_ef_", "reference_decompress_avg_", "reference_decompress_sum_",
+           "reference_reduce_compress_ef_"]
 
 _imported: dict[str, tuple[object, str]] = {}  # "numba" / "cuda" -> (module or None, why)
 
@@ -189,3 +192,25 @@ def decompress_sum_(payloads: torch.Tensor, out: torch.Tensor, inv_n: float,
     """
     check_decompress_sum(payloads, out, inv_n, scales, block, flag)
     return _run(payloads.device, "decompress_sum_", flag, payloads, out, inv_n, scales=scales, block=block)
+
+
+def reduce_compress_ef_(payloads: torch.Tensor, residual: torch.Tensor, out_payload: torch.Tensor, weight: float,
+                        in_scales: torch.Tensor | None = None, out_scales: torch.Tensor | None = None,
+                        block: int = 512, flag: torch.Tensor | None = None) -> bool | None:
+    """The shard owner's whole step in one pass: sum k ranks' copies, re-encode with error feedback.
+
+    The bits of decompress_sum_(payloads, total, 1.0, in_scales) followed by
+    compress_ef_(total, residual, out_payload, weight, out_scales) (reference.py defines it so),
+    without the float32 total in memory: the copies are read once, the residual read and
+    written once, out_payload (and out_scales) written once. An int8 block's sum is made in a
+    small buffer, since its scale needs the block's max |x| before any element is quantized.
+
+    payloads: float16, bfloat16 or int8 [k, m], k >= 1, contiguous; in_scales (int8 only):
+    float32 [k, ceil(m / block)]; residual: float32 [m]; out_payload: [m], the payloads' dtype;
+    out_scales (int8 only): float32 [ceil(m / block)]. Returns True if a sum or x is not finite, or (fp16 / bf16)
+    overflowed: compress_ef_'s answer, its payload and residual following compress_ef_'s rules
+    there; with flag=, ORs that into the flag and returns None.
+    """
+    check_reduce_compress_ef(payloads, residual, out_payload, weight, in_scales, out_scales, block, flag)
+    return _run(payloads.device, "reduce_compress_ef_", flag, payloads, residual, out_payload, weight,
+                in_scales=in_scales, out_scales=out_scales, block=block)

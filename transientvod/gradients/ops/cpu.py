@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from transientvod.gradients.ops.cpu_kernels import (_compress_bf16, _compress_fp16, _compress_int8, _decompress_bf16,
-                                                    _decompress_fp16, _decompress_fp32, _decompress_int8, _sum_16bit,
-                                                    _sum_int8)
+from transientvod.gradients.ops.cpu_kernels import (_compress_16bit, _compress_int8, _decompress_16bit,
+                                                    _decompress_fp32, _decompress_int8, _reduce_ef_16bit,
+                                                    _reduce_ef_int8, _sum_16bit, _sum_int8)
 
 
 def _array(t: torch.Tensor) -> np.ndarray:
@@ -27,8 +27,7 @@ def compress_ef_(grad: torch.Tensor, residual: torch.Tensor, payload: torch.Tens
     g, r, p, w = _array(grad), _array(residual), _array(payload), np.float32(weight)
     if payload.dtype == torch.int8:
         return _compress_int8(g, r, p, _array(scales), w, block) > 0
-    kernel = _compress_fp16 if payload.dtype == torch.float16 else _compress_bf16
-    return kernel(g, r, p, w) > 0
+    return _compress_16bit(g, r, p, w, payload.dtype == torch.bfloat16) > 0
 
 
 def decompress_avg_(payload: torch.Tensor, out: torch.Tensor, inv_n: float,
@@ -37,9 +36,9 @@ def decompress_avg_(payload: torch.Tensor, out: torch.Tensor, inv_n: float,
     p, o, inv = _array(payload), _array(out), np.float32(inv_n)
     if payload.dtype == torch.int8:
         return _decompress_int8(p, _array(scales), o, inv, block) > 0
-    kernel = {torch.float16: _decompress_fp16, torch.bfloat16: _decompress_bf16,
-              torch.float32: _decompress_fp32}[payload.dtype]
-    return kernel(p, o, inv) > 0
+    if payload.dtype == torch.float32:
+        return _decompress_fp32(p, o, inv) > 0
+    return _decompress_16bit(p, o, inv, payload.dtype == torch.bfloat16) > 0
 
 
 def decompress_sum_(payloads: torch.Tensor, out: torch.Tensor, inv_n: float,
@@ -49,3 +48,13 @@ def decompress_sum_(payloads: torch.Tensor, out: torch.Tensor, inv_n: float,
     if payloads.dtype == torch.int8:
         return _sum_int8(p, _array(scales), o, inv, block) > 0
     return _sum_16bit(p, o, inv, payloads.dtype == torch.bfloat16) > 0
+
+
+def reduce_compress_ef_(payloads: torch.Tensor, residual: torch.Tensor, out_payload: torch.Tensor, weight: float,
+                        in_scales: torch.Tensor | None = None, out_scales: torch.Tensor | None = None,
+                        block: int = 512) -> bool:
+    """See `transientvod.gradients.ops.reduce_compress_ef_`."""
+    p, r, o, w = _array(payloads), _array(residual), _array(out_payload), np.float32(weight)
+    if payloads.dtype == torch.int8:
+        return _reduce_ef_int8(p, _array(in_scales), r, o, _array(out_scales), w, block) > 0
+    return _reduce_ef_16bit(p, r, o, w, payloads.dtype == torch.bfloat16) > 0

@@ -1,6 +1,6 @@
-"""The fused ops' numba kernels on CPU: one pass over memory each, allocating nothing (cpu.py
-calls them). The arithmetic is the float32 arithmetic of `reference.py`, operation for
-operation, so the results are bit-identical to it.
+"""The fused ops' numba kernels on CPU: one pass over memory each (cpu.py calls them). The
+arithmetic is the float32 arithmetic of `reference.py`, operation for operation, so the
+results are bit-identical to it.
 
 numba has no float16 on CPU, so fp16 and bf16 payloads are seen as their uint16 bit patterns
 (`payload.view(torch.uint16).numpy()`) and converted by integer operations on the float32 bit
@@ -12,8 +12,7 @@ branches on the data, so LLVM vectorizes the loops; fp16 compression is about 5 
 instructions per element, which on a 2-core machine still leaves it bound by memory.
 
 The int8 kernels run one block per prange iteration: pass 1 finds the block's max |x|, pass 2
-quantizes, reading x again from L1 rather than keeping it anywhere. Each block is handed to a
-plain loop over a slice of it (see the note above `_ef_block_amax`).
+quantizes, reading x again from L1 rather than keeping it anywhere (see the note above `_CHUNK`).
 
 The first call of each kernel compiles it (seconds); `cache=True` keeps the machine code in
 `__pycache__` next to this file, so later processes load it instead. That cache is why the
@@ -166,32 +165,44 @@ def _bf16_value(typingctx, h):
 
 
 # ---------------------------------------------------------------------------------------------
-# Kernels. Each returns the number of non-finite elements it saw (a prange reduction).
+# Kernels. Each returns the number of non-finite elements it saw (a prange reduction). They run
+# one chunk (int8: one block) of elements per prange iteration and hand it to plain loops over
+# slices of it: indices that start at 0 are provably non-negative, so numba's wraparound check
+# for negative indices folds away and LLVM vectorizes the loop (with range(start, stop) it
+# gathers instead, at a sixth of the speed). A chunk of fp32 (8 KB) stays in L1.
+_CHUNK = 2048
 
 
-@njit(parallel=True, cache=True)
-def _compress_fp16(grad, residual, payload, weight):
+@njit(cache=True)
+def _ef_16bit(grad, residual, payload, weight, bf16):
+    """compress_ef_ of one chunk into fp16 (bf16 False) or bf16 bits; the branch is per chunk."""
     bad = 0
-    for i in prange(grad.shape[0]):
-        x = grad[i] * weight + residual[i]
-        h, sent, finite = _half_round(x)
-        payload[i] = h
-        residual[i] = x - sent if finite else _ZERO
-        bad += 0 if finite else 1
+    if bf16:
+        for i in range(grad.shape[0]):
+            x = grad[i] * weight + residual[i]
+            h = _bf16_bits(x)
+            sent = _bf16_value(h)
+            finite = abs(sent) < _INF
+            payload[i] = h
+            residual[i] = x - sent if finite else _ZERO
+            bad += 0 if finite else 1
+    else:
+        for i in range(grad.shape[0]):
+            x = grad[i] * weight + residual[i]
+            h, sent, finite = _half_round(x)
+            payload[i] = h
+            residual[i] = x - sent if finite else _ZERO
+            bad += 0 if finite else 1
     return bad
 
 
 @njit(parallel=True, cache=True)
-def _compress_bf16(grad, residual, payload, weight):
+def _compress_16bit(grad, residual, payload, weight, bf16):
+    n = grad.shape[0]
     bad = 0
-    for i in prange(grad.shape[0]):
-        x = grad[i] * weight + residual[i]
-        h = _bf16_bits(x)
-        sent = _bf16_value(h)
-        finite = abs(sent) < _INF
-        payload[i] = h
-        residual[i] = x - sent if finite else _ZERO
-        bad += 0 if finite else 1
+    for c in prange((n + _CHUNK - 1) // _CHUNK):
+        start, stop = c * _CHUNK, min(c * _CHUNK + _CHUNK, n)
+        bad += _ef_16bit(grad[start:stop], residual[start:stop], payload[start:stop], weight, bf16)
     return bad
 
 
@@ -202,12 +213,6 @@ def _quantize(x, scale):
     q = np.rint(x / scale)
     q = _Q_MAX if q > _Q_MAX else q
     return _Q_MIN if q < _Q_MIN else q
-
-
-# The int8 kernels loop over blocks in prange and hand each block to a plain loop over a
-# slice of it: indices that start at 0 are provably non-negative, so numba's wraparound
-# check for negative indices folds away and LLVM vectorizes the loop (with range(start,
-# stop) it gathers instead, at a sixth of the speed).
 
 
 @njit(cache=True)
@@ -241,37 +246,31 @@ def _ef_block_quantize(grad, residual, payload, weight, scale):
             residual[i] = x - q * scale
 
 
+@njit(cache=True)
+def _ef_block(grad, residual, payload, weight):
+    """compress_ef_ of one int8 block: q and the new residual; returns (scale, non-finite x)."""
+    amax, nonfinite = _ef_block_amax(grad, residual, weight)
+    scale = _float(amax) / _Q_MAX
+    _ef_block_quantize(grad, residual, payload, weight, scale)
+    return scale, nonfinite
+
+
 @njit(parallel=True, cache=True)
 def _compress_int8(grad, residual, payload, scales, weight, block):
     n = grad.shape[0]
     bad = 0
     for b in prange(scales.shape[0]):
-        start = b * block
-        stop = min(start + block, n)
-        g, r = grad[start:stop], residual[start:stop]
-        amax, nonfinite = _ef_block_amax(g, r, weight)
-        scale = _float(amax) / _Q_MAX
-        scales[b] = scale
-        _ef_block_quantize(g, r, payload[start:stop], weight, scale)
+        start, stop = b * block, min(b * block + block, n)
+        scales[b], nonfinite = _ef_block(grad[start:stop], residual[start:stop], payload[start:stop], weight)
         bad += nonfinite
     return bad
 
 
 @njit(parallel=True, cache=True)
-def _decompress_fp16(payload, out, inv_n):
+def _decompress_16bit(payload, out, inv_n, bf16):
     bad = 0
-    for i in prange(payload.shape[0]):
-        v = _half_value(payload[i]) * inv_n
-        out[i] = v
-        bad += 0 if abs(v) < _INF else 1
-    return bad
-
-
-@njit(parallel=True, cache=True)
-def _decompress_bf16(payload, out, inv_n):
-    bad = 0
-    for i in prange(payload.shape[0]):
-        v = _bf16_value(payload[i]) * inv_n
+    for i in prange(payload.shape[0]):  # bf16 is loop-invariant: LLVM unswitches the loop
+        v = (_bf16_value(payload[i]) if bf16 else _half_value(payload[i])) * inv_n
         out[i] = v
         bad += 0 if abs(v) < _INF else 1
     return bad
@@ -302,19 +301,16 @@ def _decompress_int8(payload, scales, out, inv_n, block):
     n = payload.shape[0]
     bad = 0
     for b in prange(scales.shape[0]):
-        start = b * block
-        stop = min(start + block, n)
+        start, stop = b * block, min(b * block + block, n)
         bad += _dequant_block(payload[start:stop], out[start:stop], scales[b], inv_n)
     return bad
 
 
-# decompress_sum_ runs one chunk of elements per prange iteration and, within it, the rows one
-# after another over the chunk's slice of out (the loops over elements innermost, on slices
-# that start at 0, as the int8 kernels do: see the note above `_ef_block_amax`): out holds the
-# running sum, from 0.0 (0 + -0.0 is +0.0, as in the zeros + copies composition the op
-# replaces), one float32 add per row, then the multiply by inv_n. A chunk of out (8 KB) stays
-# in L1 while the k rows are added into it.
-_SUM_CHUNK = 2048
+# The owner's ops add the k rows one after another into a chunk's running sum, from 0.0 (0 + -0.0
+# is +0.0, as in the zeros + copies that decompress_sum_ replaced), one float32 add per row.
+# decompress_sum_ sums in its chunk of out; reduce_compress_ef_ in a chunk-sized buffer (int8
+# needs a block's whole x for its scale), then runs compress_ef_'s loops with it as the grad:
+# the bits of decompress_sum_(.., 1.0) then compress_ef_ (a sum times 1.0 is the sum).
 
 
 @njit(cache=True)
@@ -351,9 +347,8 @@ def _sum_16bit(payloads, out, inv_n, bf16):
     """fp16 or bf16 rows (uint16 bit patterns: numba has no float16 on CPU), chunk by chunk."""
     k, m = payloads.shape
     bad = 0
-    for c in prange((m + _SUM_CHUNK - 1) // _SUM_CHUNK):
-        start = c * _SUM_CHUNK
-        stop = min(start + _SUM_CHUNK, m)
+    for c in prange((m + _CHUNK - 1) // _CHUNK):
+        start, stop = c * _CHUNK, min(c * _CHUNK + _CHUNK, m)
         total = out[start:stop]
         total[:] = _ZERO
         for row in range(k):
@@ -368,11 +363,37 @@ def _sum_int8(payloads, scales, out, inv_n, block):
     k, m = payloads.shape
     bad = 0
     for b in prange(scales.shape[1]):
-        start = b * block
-        stop = min(start + block, m)
+        start, stop = b * block, min(b * block + block, m)
         total = out[start:stop]
         total[:] = _ZERO
         for row in range(k):
             _add_int8_row(total, payloads[row, start:stop], scales[row, b])
         bad += _average_chunk(total, inv_n)
+    return bad
+
+
+@njit(parallel=True, cache=True)
+def _reduce_ef_16bit(payloads, residual, out, weight, bf16):
+    k, m = payloads.shape
+    bad = 0
+    for c in prange((m + _CHUNK - 1) // _CHUNK):
+        start, stop = c * _CHUNK, min(c * _CHUNK + _CHUNK, m)
+        total = np.zeros(stop - start, np.float32)
+        for row in range(k):
+            _add_16bit_row(total, payloads[row, start:stop], bf16)
+        bad += _ef_16bit(total, residual[start:stop], out[start:stop], weight, bf16)
+    return bad
+
+
+@njit(parallel=True, cache=True)
+def _reduce_ef_int8(payloads, in_scales, residual, out, out_scales, weight, block):
+    k, m = payloads.shape
+    bad = 0
+    for b in prange(out_scales.shape[0]):
+        start, stop = b * block, min(b * block + block, m)
+        total = np.zeros(stop - start, np.float32)
+        for row in range(k):
+            _add_int8_row(total, payloads[row, start:stop], in_scales[row, b])
+        out_scales[b], nonfinite = _ef_block(total, residual[start:stop], out[start:stop], weight)
+        bad += nonfinite
     return bad

@@ -144,6 +144,28 @@ def check_decompress_sum(payloads, out, inv_n, scales, block, flag=None) -> None
     as_float32("inv_n", inv_n)
 
 
+def check_reduce_compress_ef(payloads, residual, out_payload, weight, in_scales, out_scales, block,
+                             flag=None) -> None:
+    """Raises the ValueError of a bad reduce_compress_ef_ call."""
+    _tensor("payloads", payloads, PAYLOAD_DTYPES, 2)
+    if payloads.shape[0] < 1:
+        raise ValueError(f"payloads has shape {tuple(payloads.shape)}; it must hold at least one rank's copy.")
+    _tensor("residual", residual, (torch.float32,), 1)
+    _tensor("out_payload", out_payload, PAYLOAD_DTYPES, 1)
+    if out_payload.dtype != payloads.dtype:
+        raise ValueError(f"out_payload is {out_payload.dtype} but payloads is {payloads.dtype}; "
+                         f"the owner re-encodes in the format it received.")
+    _flag(flag)
+    _same_device({"payloads": payloads, "residual": residual, "out_payload": out_payload,
+                  "in_scales": in_scales, "out_scales": out_scales, "flag": flag})
+    k, m = payloads.shape
+    _same_numel("residual", residual, "each row of payloads", m)
+    _same_numel("out_payload", out_payload, "each row of payloads", m)
+    _scales("in_scales", in_scales, payloads.dtype, m, block, dim=2, ranks=k)
+    _scales("out_scales", out_scales, payloads.dtype, m, block)
+    as_float32("weight", weight)
+
+
 # ---------------------------------------------------------------------------------------------
 # The math.
 
@@ -229,3 +251,19 @@ def reference_decompress_sum_(payloads: torch.Tensor, out: torch.Tensor, inv_n: 
         total = total + values
     torch.mul(total, inv, out=out)
     return not bool(torch.isfinite(out).all())
+
+
+def reference_reduce_compress_ef_(payloads: torch.Tensor, residual: torch.Tensor, out_payload: torch.Tensor,
+                                  weight: float, in_scales: torch.Tensor | None = None,
+                                  out_scales: torch.Tensor | None = None, block: int = 512) -> bool:
+    """The shard owner's step, defined as the two ops it fuses: decompress_sum_(payloads, total,
+    1.0, in_scales), then compress_ef_(total, residual, out_payload, weight, out_scales).
+
+    Returns True if either found a value that is not finite (the first one's also makes the
+    second's payload non-finite, so this is compress_ef_'s answer).
+    """
+    check_reduce_compress_ef(payloads, residual, out_payload, weight, in_scales, out_scales, block)
+    total = torch.empty(payloads.shape[1], dtype=torch.float32, device=payloads.device)
+    summed_bad = reference_decompress_sum_(payloads, total, 1.0, scales=in_scales, block=block)
+    encoded_bad = reference_compress_ef_(total, residual, out_payload, weight, scales=out_scales, block=block)
+    return summed_bad or encoded_bad
