@@ -87,6 +87,30 @@ void check_decompress_sum(const at::Tensor& payloads, const at::Tensor& out,
   }
 }
 
+void check_reduce_compress_ef(const at::Tensor& payloads, const at::Tensor& residual,
+                              const at::Tensor& out_payload, const std::optional<at::Tensor>& in_scales,
+                              const std::optional<at::Tensor>& out_scales, int64_t block,
+                              const at::Tensor& flag) {
+  TORCH_CHECK(payloads.dim() == 2, "payloads must be [k, m], not ", payloads.sizes());
+  const int64_t k = payloads.size(0), m = payloads.size(1);
+  TORCH_CHECK(k >= 1 && k <= INT32_MAX, "payloads must have 1 to ", INT32_MAX, " rows, not ", k);
+  const at::Device device = payloads.device();
+  const at::ScalarType dtype = payloads.scalar_type();
+  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kChar,
+              "payloads must be float16, bfloat16 or int8, not ", dtype);
+  check_tensor(payloads, "payloads", dtype, k * m, device);
+  check_tensor(residual, "residual", at::kFloat, m, device);
+  check_tensor(out_payload, "out_payload", dtype, m, device);  // the owner re-encodes in its format
+  check_tensor(flag, "flag", at::kInt, 1, device);
+  if (dtype == at::kChar) {
+    const int64_t blocks = blocks_of(m, block);
+    TORCH_CHECK(in_scales.has_value() && out_scales.has_value(),
+                "int8 payloads need in_scales and out_scales");
+    check_tensor(*in_scales, "in_scales", at::kFloat, k * blocks, device);
+    check_tensor(*out_scales, "out_scales", at::kFloat, blocks, device);
+  }
+}
+
 void compress_ef_meta(const at::Tensor& grad, at::Tensor& residual, at::Tensor& payload, double,
                       const std::optional<at::Tensor>& scales, int64_t block, at::Tensor& flag) {
   check_compress_ef(grad, residual, payload, scales, block, flag);
@@ -100,6 +124,12 @@ void decompress_avg_meta(const at::Tensor& payload, at::Tensor& out, double,
 void decompress_sum_meta(const at::Tensor& payloads, at::Tensor& out, double,
                          const std::optional<at::Tensor>& scales, int64_t block, at::Tensor& flag) {
   check_decompress_sum(payloads, out, scales, block, flag);
+}
+
+void reduce_compress_ef_meta(const at::Tensor& payloads, at::Tensor& residual, at::Tensor& out_payload,
+                             double, const std::optional<at::Tensor>& in_scales,
+                             const std::optional<at::Tensor>& out_scales, int64_t block, at::Tensor& flag) {
+  check_reduce_compress_ef(payloads, residual, out_payload, in_scales, out_scales, block, flag);
 }
 
 void compress_ef(const at::Tensor& grad, at::Tensor& residual, at::Tensor& payload,
@@ -203,9 +233,44 @@ void decompress_sum(const at::Tensor& payloads, at::Tensor& out, double inv_n,
   }
 }
 
+void reduce_compress_ef(const at::Tensor& payloads, at::Tensor& residual, at::Tensor& out_payload,
+                        double weight, const std::optional<at::Tensor>& in_scales,
+                        const std::optional<at::Tensor>& out_scales, int64_t block, at::Tensor& flag) {
+  check_reduce_compress_ef(payloads, residual, out_payload, in_scales, out_scales, block, flag);
+  const int k = static_cast<int>(payloads.size(0));
+  const int64_t m = payloads.size(1);
+  const c10::cuda::CUDAGuard guard(payloads.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const float w = static_cast<float>(weight);  // the CPU side multiplies by a float32 too
+  float* r = residual.mutable_data_ptr<float>();
+  int* f = flag.mutable_data_ptr<int>();
+  switch (payloads.scalar_type()) {
+    case at::kHalf:
+      C10_CUDA_CHECK(tv_reduce_compress_ef_f16(
+          static_cast<const unsigned short*>(payloads.const_data_ptr()), k, m, r,
+          static_cast<unsigned short*>(out_payload.mutable_data_ptr()), w, f, stream));
+      break;
+    case at::kBFloat16:
+      C10_CUDA_CHECK(tv_reduce_compress_ef_bf16(
+          static_cast<const unsigned short*>(payloads.const_data_ptr()), k, m, r,
+          static_cast<unsigned short*>(out_payload.mutable_data_ptr()), w, f, stream));
+      break;
+    case at::kChar:
+      C10_CUDA_CHECK(tv_reduce_compress_ef_i8(payloads.const_data_ptr<int8_t>(),
+                                              in_scales->const_data_ptr<float>(), k, m, r,
+                                              out_payload.mutable_data_ptr<int8_t>(),
+                                              out_scales->mutable_data_ptr<float>(), w, block, f,
+                                              stream));
+      break;
+    default:
+      TORCH_CHECK(false, "payloads must be float16, bfloat16 or int8, not ", payloads.scalar_type());
+  }
+}
+
 }  // namespace
 
-// Rows of decompress_sum_'s `payloads`/`scales` are the k ranks' copies, summed in row order.
+// Rows of decompress_sum_'s and reduce_compress_ef_'s `payloads` / `scales` / `in_scales` are
+// the k ranks' copies, summed in row order.
 TORCH_LIBRARY(transientvod, m) {
   m.def("compress_ef_(Tensor grad, Tensor(a!) residual, Tensor(b!) payload, float weight, "
         "Tensor(c!)? scales, int block, Tensor(d!) flag) -> ()");
@@ -213,18 +278,22 @@ TORCH_LIBRARY(transientvod, m) {
         "int block, Tensor(b!) flag) -> ()");
   m.def("decompress_sum_(Tensor payloads, Tensor(a!) out, float inv_n, Tensor? scales, "
         "int block, Tensor(b!) flag) -> ()");
+  m.def("reduce_compress_ef_(Tensor payloads, Tensor(a!) residual, Tensor(b!) out_payload, "
+        "float weight, Tensor? in_scales, Tensor(c!)? out_scales, int block, Tensor(d!) flag) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(transientvod, CUDA, m) {
   m.impl("compress_ef_", &compress_ef);
   m.impl("decompress_avg_", &decompress_avg);
   m.impl("decompress_sum_", &decompress_sum);
+  m.impl("reduce_compress_ef_", &reduce_compress_ef);
 }
 
 TORCH_LIBRARY_IMPL(transientvod, Meta, m) {
   m.impl("compress_ef_", &compress_ef_meta);
   m.impl("decompress_avg_", &decompress_avg_meta);
   m.impl("decompress_sum_", &decompress_sum_meta);
+  m.impl("reduce_compress_ef_", &reduce_compress_ef_meta);
 }
 
 // `import transientvod._C` loads this library, which registers the ops above; the module

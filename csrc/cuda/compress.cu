@@ -118,4 +118,41 @@ cudaError_t tv_decompress_sum_i8(const signed char* q, const float* scales, int 
   return cudaGetLastError();
 }
 
+// reduce_compress_ef_: 16-bit one thread per element, as decompress_sum_; int8 one CTA per block,
+// as compress_ef_.
+cudaError_t tv_reduce_compress_ef_f16(const unsigned short* payloads, int k, long long m,
+                                      float* residual, unsigned short* out, float weight, int* flag,
+                                      cudaStream_t stream) {
+  if (m <= 0) return cudaSuccess;
+  if (k < 1) return cudaErrorInvalidValue;
+  tv_reduce_compress_ef_f16_kernel<<<grid_size((m + TV_THREADS - 1) / TV_THREADS, TV_THREADS),
+                                     TV_THREADS, 0, stream>>>(payloads, k, m, residual, out, weight,
+                                                              flag);
+  return cudaGetLastError();
+}
+
+cudaError_t tv_reduce_compress_ef_bf16(const unsigned short* payloads, int k, long long m,
+                                       float* residual, unsigned short* out, float weight,
+                                       int* flag, cudaStream_t stream) {
+  if (m <= 0) return cudaSuccess;
+  if (k < 1) return cudaErrorInvalidValue;
+  tv_reduce_compress_ef_bf16_kernel<<<grid_size((m + TV_THREADS - 1) / TV_THREADS, TV_THREADS),
+                                      TV_THREADS, 0, stream>>>(payloads, k, m, residual, out, weight,
+                                                               flag);
+  return cudaGetLastError();
+}
+
+cudaError_t tv_reduce_compress_ef_i8(const signed char* q, const float* in_scales, int k,
+                                     long long m, float* residual, signed char* out,
+                                     float* out_scales, float weight, int block, int* flag,
+                                     cudaStream_t stream) {
+  if (m <= 0) return cudaSuccess;
+  if (block < TV_BLOCK_MIN || block > TV_BLOCK_MAX || k < 1) return cudaErrorInvalidValue;
+  const int threads = tv::quant_threads(block);
+  tv_reduce_compress_ef_i8_kernel<<<grid_size((m + block - 1) / block, threads), threads, 0,
+                                    stream>>>(q, in_scales, k, m, residual, out, out_scales, weight,
+                                              block, flag);
+  return cudaGetLastError();
+}
+
 }  // extern "C"

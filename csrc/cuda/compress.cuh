@@ -1,5 +1,6 @@
 // Fused gradient-compression kernels: error feedback + quantization, dequantization + averaging,
-// and the shard owner's decode-and-sum of k ranks' copies. No torch headers on purpose: nvcc
+// the shard owner's decode-and-sum of k ranks' copies, and that sum re-encoded with error
+// feedback in the same pass (reduce_compress_ef_). No torch headers on purpose: nvcc
 // compiles this text into the extension (through compress.cu), and NVRTC (cupy) compiles the very
 // same text at run time when the extension was not built. The op semantics are the CPU side's
 // (transientvod/gradients/ops/reference.py, and cpu_kernels.py's numba kernels); every rounding step below is
@@ -197,6 +198,15 @@ TV_HD float sum_one(const Rows& rows, int k, long long i, float inv_n) {
   return average_one(total, inv_n);
 }
 
+// reduce_compress_ef_ (fp16 / bf16): element i of the k copies summed as decompress_sum_ sums
+// them with inv_n = 1, then compress_ef_ with that sum as its grad; returns the new residual.
+// A non-finite sum makes x, so the payload, non-finite: compress_one raises `bad` for it.
+template <class Codec, class Rows>
+TV_HD float reduce_compress_one(const Rows& rows, int k, long long i, float w, float r,
+                                unsigned short& p, bool& bad) {
+  return compress_one<Codec>(sum_one(rows, k, i, 1.0f), w, r, p, bad);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. Device code.
 
@@ -336,6 +346,26 @@ __device__ __forceinline__ void decompress_sum(const Rows& rows, int k, float* _
   report_nonfinite(bad, flag);
 }
 
+// reduce_compress_ef_ with 16-bit payloads: as decompress_sum, one thread per element; the
+// residual is read and written once, the payload written once, and no sum goes to memory.
+template <class Codec>
+__device__ __forceinline__ void reduce_compress_ef_16bit(const unsigned short* __restrict__ payloads,
+                                                         int k, long long m,
+                                                         float* __restrict__ residual,
+                                                         unsigned short* __restrict__ out,
+                                                         float weight, int* flag) {
+  const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  const Rows16bit<Codec> rows{payloads, m};
+  bool bad = false;
+  for (long long i = first; i < m; i += stride) {
+    unsigned short p;
+    residual[i] = reduce_compress_one<Codec>(rows, k, i, weight, residual[i], p, bad);
+    out[i] = p;
+  }
+  report_nonfinite(bad, flag);
+}
+
 // ---------------------------------------------------------------------------------------------
 // int8 payloads: one CTA per quantization block (grid-stride over blocks). A thread holds up to
 // TV_QUANT_ITEMS elements of its block in registers, so the block is read once, reduced to its
@@ -428,6 +458,27 @@ __device__ __forceinline__ float block_max(float v, float* warp_max) {
   for (int w = 0; w < (int)(blockDim.x >> 5); ++w) v = max_f(v, warp_max[w]);
   __syncthreads();
   return v;
+}
+
+// reduce_compress_ef_: this thread's elements of one block, summed over the k copies (codes
+// q + row * m, the row's scale at scales[row * blocks]) as decompress_sum_ sums them with
+// inv_n = 1: from 0.0f, in row order, one rounding per row. Items past the block's end sum
+// codes of 0 (and are never stored or flagged by the caller).
+__device__ __forceinline__ void sum_copies(const signed char* __restrict__ q,
+                                           const float* __restrict__ scales, int k, long long m,
+                                           long long blocks, bool vec, int len,
+                                           float total[TV_QUANT_ITEMS]) {
+#pragma unroll
+  for (int j = 0; j < TV_QUANT_ITEMS; ++j) total[j] = 0.0f;
+  for (int row = 0; row < k; ++row) {
+    float codes[TV_QUANT_ITEMS];
+    load_codes(q + row * m, vec, len, codes);
+    const float scale = scales[row * blocks];
+#pragma unroll
+    for (int j = 0; j < TV_QUANT_ITEMS; ++j) total[j] = add_rn(total[j], dequantize_one(codes[j], scale));
+  }
+#pragma unroll
+  for (int j = 0; j < TV_QUANT_ITEMS; ++j) total[j] = average_one(total[j], 1.0f);
 }
 
 // The int8 rule on one block held in registers; x[] is finite (non-finite values were replaced
@@ -564,6 +615,58 @@ tv_decompress_sum_i8_kernel(const signed char* __restrict__ q, const float* __re
   tv::decompress_sum(tv::RowsInt8{q, scales, m, blocks, block}, k, out, inv_n, m, flag);
 }
 
+// reduce_compress_ef_: payloads [k, m] summed and re-encoded into out [m] with the residual [m];
+// 16-bit as decompress_sum_ (one thread per element, blockDim.x = TV_THREADS), int8 as
+// compress_ef_'s int8 kernel (one CTA per block: blockDim.x = tv::quant_threads(block)), the
+// block's x made from the k copies' codes and scales [k, ceil(m / block)] in registers.
+extern "C" __global__ void __launch_bounds__(TV_THREADS)
+tv_reduce_compress_ef_f16_kernel(const unsigned short* __restrict__ payloads, int k, long long m,
+                                 float* __restrict__ residual, unsigned short* __restrict__ out,
+                                 float weight, int* flag) {
+  tv::reduce_compress_ef_16bit<tv::Half>(payloads, k, m, residual, out, weight, flag);
+}
+
+extern "C" __global__ void __launch_bounds__(TV_THREADS)
+tv_reduce_compress_ef_bf16_kernel(const unsigned short* __restrict__ payloads, int k, long long m,
+                                  float* __restrict__ residual, unsigned short* __restrict__ out,
+                                  float weight, int* flag) {
+  tv::reduce_compress_ef_16bit<tv::BFloat16>(payloads, k, m, residual, out, weight, flag);
+}
+
+extern "C" __global__ void __launch_bounds__(TV_THREADS)
+tv_reduce_compress_ef_i8_kernel(const signed char* __restrict__ q,
+                                const float* __restrict__ in_scales, int k, long long m,
+                                float* __restrict__ residual, signed char* __restrict__ out,
+                                float* __restrict__ out_scales, float weight, int block,
+                                int* flag) {
+  __shared__ float warp_max[TV_THREADS / 32];
+  // Each copy's row starts m codes after the previous one: vector loads need m % 4 == 0 too.
+  const bool vec = block % TV_QUANT_ITEMS == 0 && m % TV_QUANT_ITEMS == 0 && tv::aligned<4>(q) &&
+                   tv::aligned<16>(residual) && tv::aligned<4>(out);
+  const long long blocks = (m + block - 1) / block;
+  bool bad = false;
+  for (long long b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const long long start = b * block;
+    const int len = m - start < block ? (int)(m - start) : block;
+    float x[TV_QUANT_ITEMS], r[TV_QUANT_ITEMS], codes[TV_QUANT_ITEMS];
+    tv::sum_copies(q + start, in_scales + b, k, m, blocks, vec, len, x);
+    tv::load_items(residual + start, vec, len, r);
+#pragma unroll
+    for (int j = 0; j < TV_QUANT_ITEMS; ++j) {
+      x[j] = tv::error_feedback(x[j], weight, r[j]);  // compress_ef_ from here, the sum its grad
+      bad |= !tv::is_finite(x[j]) && tv::item_index(vec, j) < len;
+      x[j] = tv::finite_or_zero(x[j]);
+    }
+    const float scale = tv::quantize_block(x, codes, warp_max);
+    if (threadIdx.x == 0) out_scales[b] = scale;
+#pragma unroll
+    for (int j = 0; j < TV_QUANT_ITEMS; ++j) r[j] = tv::int8_residual(x[j], codes[j], scale);
+    tv::store_items(residual + start, vec, len, r);
+    tv::store_codes(out + start, vec, len, codes);
+  }
+  tv::report_nonfinite(bad, flag);
+}
+
 #endif  // __CUDACC__
 
 // ---------------------------------------------------------------------------------------------
@@ -601,6 +704,17 @@ cudaError_t tv_decompress_sum_bf16(const unsigned short* payloads, int k, long l
 cudaError_t tv_decompress_sum_i8(const signed char* q, const float* scales, int k, long long m,
                                  float* out, float inv_n, int block, int* flag,
                                  cudaStream_t stream);
+
+cudaError_t tv_reduce_compress_ef_f16(const unsigned short* payloads, int k, long long m,
+                                      float* residual, unsigned short* out, float weight, int* flag,
+                                      cudaStream_t stream);
+cudaError_t tv_reduce_compress_ef_bf16(const unsigned short* payloads, int k, long long m,
+                                       float* residual, unsigned short* out, float weight,
+                                       int* flag, cudaStream_t stream);
+cudaError_t tv_reduce_compress_ef_i8(const signed char* q, const float* in_scales, int k,
+                                     long long m, float* residual, signed char* out,
+                                     float* out_scales, float weight, int block, int* flag,
+                                     cudaStream_t stream);
 
 }  // extern "C"
 #endif  // !__CUDACC_RTC__

@@ -181,6 +181,22 @@ for n in (0, 1, 255, 256, 257, 4097, 2**20 + 3):
             same(o_c, o_g, what)
             assert bad_c == bad_g, what + " flag"
             cases += 1
+            # reduce_compress_ef_: the same copies summed and re-encoded with a residual (1 / k:
+            # the owner's weight), the GPU's tensors `offset` elements into their storage
+            res = data(n, 0, 1e-3).nan_to_num(0.0, 0.0, 0.0)
+            r_c, q_c = res.clone(), torch.zeros(n, dtype=dtype)
+            os_c = torch.zeros(nb) if dtype == torch.int8 else None
+            bad_c = cpu.reduce_compress_ef_(p, r_c, q_c, 1.0 / k, s_c, os_c, block)
+            r_g, q_g = on_gpu(res, offset), on_gpu(torch.zeros(n, dtype=dtype), offset)
+            os_g = torch.zeros(nb, device=dev) if dtype == torch.int8 else None
+            p_g = on_gpu(p.reshape(-1), offset).view(k, n)
+            bad_g = cuda.reduce_compress_ef_(p_g, r_g, q_g, 1.0 / k, s_g, os_g, block)
+            same(q_c, q_g, what + " owner payload")
+            same(r_c, r_g, what + " owner residual")
+            if os_c is not None:
+                same(os_c, os_g, what + " owner scales")
+            assert bad_c == bad_g, what + " owner flag"
+            cases += 1
 torch.cuda.synchronize()
 print(f"cuda == cpu.py in {cases} cases")
 EOF

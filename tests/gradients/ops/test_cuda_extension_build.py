@@ -29,6 +29,9 @@ SCHEMAS = {
                        "Tensor? scales, int block, Tensor(b!) flag) -> ()",
     "decompress_sum_": "transientvod::decompress_sum_(Tensor payloads, Tensor(a!) out, float inv_n, "
                        "Tensor? scales, int block, Tensor(b!) flag) -> ()",
+    "reduce_compress_ef_": "transientvod::reduce_compress_ef_(Tensor payloads, Tensor(a!) residual, "
+                           "Tensor(b!) out_payload, float weight, Tensor? in_scales, Tensor(c!)? out_scales, "
+                           "int block, Tensor(d!) flag) -> ()",
 }
 
 pytestmark = pytest.mark.slow
@@ -75,6 +78,7 @@ def test_every_op_has_a_cuda_and_a_meta_kernel_and_no_cpu_one(report):
 def test_the_meta_kernels_check_their_arguments(report):
     assert report["short_scales"] == "scales must be contiguous with 4 elements"
     assert report["sum_short_scales"] == "scales must be contiguous with 12 elements"
+    assert report["owner_short_scales"] == "out_scales must be contiguous with 4 elements"
 
 
 def test_tracing_records_the_op_and_opcheck_passes(report):

@@ -49,6 +49,8 @@ SIGNATURES = {
     "host_decompress_avg_i8": (_vp, _vp, _vp, _f, _ll, _i),
     "host_decompress_sum_16bit": (_i, _vp, _i, _ll, _vp, _f),
     "host_decompress_sum_i8": (_vp, _vp, _i, _ll, _vp, _f, _i),
+    "host_reduce_compress_ef_16bit": (_i, _vp, _i, _ll, _vp, _vp, _f),
+    "host_reduce_compress_ef_i8": (_vp, _vp, _i, _ll, _vp, _vp, _vp, _f, _i),
 }
 
 
@@ -376,3 +378,64 @@ def test_int8_copies_sum_like_torch(harness, k, block):
     assert not np.isfinite(out).all(), f"{what}: the Inf scale should give a non-finite sum"
     assert_same_floats(out, composed_sum(q, scales, block), f"{what}: vs decompress_avg_ + add")
     check_decompress_sum(harness, q, scales, 0.25, block, f"{what}, inv_n=1/4")
+
+
+# ---------------------------------------------------------------------------------------------
+# reduce_compress_ef_: the copies' sum re-encoded with the owner's residual, in one pass
+
+
+def check_reduce_compress_ef(harness, payloads: torch.Tensor, scales, residual: np.ndarray, weight: float,
+                             block: int, what: str) -> bool:
+    """reduce_compress_ef_ on harness and reference (which is decompress_sum_ then
+    compress_ef_): payload, residual, scales and flag; returns the flag."""
+    (k, m), dtype = payloads.shape, payloads.dtype
+    h_residual = np.ascontiguousarray(residual, np.float32).copy()
+    r_residual = torch.from_numpy(h_residual.copy())
+    r_out = torch.empty(m, dtype=dtype)
+    r_scales = torch.empty(reference.nblocks(m, block)) if dtype == torch.int8 else None
+    r_flag = reference.reference_reduce_compress_ef_(payloads, r_residual, r_out, weight, scales, r_scales, block)
+    if dtype == torch.int8:
+        h_out, h_scales = np.zeros(m, np.int8), np.zeros(r_scales.numel(), np.float32)
+        h_flag = harness.host_reduce_compress_ef_i8(_ptr(payloads.numpy()), _ptr(scales.numpy()), k, m,
+                                                    _ptr(h_residual), _ptr(h_out), _ptr(h_scales), weight, block)
+        assert_same_ints(h_out, r_out.numpy(), f"{what}: codes")
+        assert_same_floats(h_scales, r_scales.numpy(), f"{what}: scales")
+    else:
+        bits, h_out = np.ascontiguousarray(payloads.view(torch.int16).numpy()), np.zeros(m, np.uint16)
+        h_flag = harness.host_reduce_compress_ef_16bit(CODEC_IDS[dtype], _ptr(bits), k, m, _ptr(h_residual),
+                                                       _ptr(h_out), weight)
+        assert_same_payload(h_out, r_out, f"{what}: payload")
+    assert_same_floats(h_residual, r_residual.numpy(), f"{what}: residual")
+    assert bool(h_flag) == r_flag, f"{what}: non-finite flag {bool(h_flag)}, reference {r_flag}"
+    return r_flag
+
+
+@CODECS
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+@pytest.mark.parametrize("weight", [1.0, 1 / 3, 0.75])
+def test_every_16bit_pattern_sums_and_reencodes_like_torch(harness, dtype, k, weight):
+    # every pattern in every row (as in the sum test), with a finite residual that has subnormals
+    rng = np.random.default_rng(k * 10 + int(weight * 4))
+    bits = torch.arange(65536, dtype=torch.int32).to(torch.int16)
+    payloads = torch.stack([bits[torch.from_numpy(rng.permutation(65536))] for _ in range(k)]).view(dtype)
+    residual = (rng.standard_normal(65536) * 10.0 ** rng.uniform(-45, 0, 65536)).astype(np.float32)
+    assert check_reduce_compress_ef(harness, payloads, None, residual, weight, 512, f"{dtype} k={k} w={weight}")
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("block", [256, 300, 1024])
+def test_int8_copies_sum_and_reencode_like_torch(harness, k, block):
+    rng = np.random.default_rng(k * 1000 + block + 1)
+    m = 9 * block + 17  # a short last block
+    nb = reference.nblocks(m, block)
+    q = torch.from_numpy(rng.integers(-127, 128, (k, m), dtype=np.int8))
+    scales = torch.from_numpy((rng.random((k, nb)) * 10.0 ** rng.uniform(-30, 30, (k, nb))).astype(np.float32))
+    scales[0, 1] = np.inf  # a non-finite copy: flag raised
+    scales[:, 4] = 3e38  # a sum past float32 where k > 1
+    q[:, 2 * block: 3 * block] = 0  # an all-zero block (with a zero residual there)
+    scales[:, 2] = 0.0
+    scales[:, 5] = 1e-40  # subnormal scales
+    residual = (rng.standard_normal(m) * 10.0 ** rng.uniform(-45, 0, m)).astype(np.float32)
+    residual[2 * block: 3 * block] = 0.0
+    for weight in (1.0 / k, 1.0):
+        assert check_reduce_compress_ef(harness, q, scales, residual, weight, block, f"int8 k={k} block={block}")

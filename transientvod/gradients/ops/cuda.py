@@ -112,6 +112,28 @@ def decompress_sum_(payloads: torch.Tensor, out: torch.Tensor, inv_n: float,
     return bool(flag.item()) if own else None
 
 
+def reduce_compress_ef_(payloads: torch.Tensor, residual: torch.Tensor, out_payload: torch.Tensor,
+                        weight: float, in_scales: torch.Tensor | None = None,
+                        out_scales: torch.Tensor | None = None, block: int = 512, *,
+                        flag: torch.Tensor | None = None) -> bool | None:
+    """decompress_sum_(payloads, total, 1.0, in_scales) then compress_ef_(total, residual,
+    out_payload, weight, out_scales), in one kernel: the owner's step."""
+    op = "reduce_compress_ef_"
+    if payloads.dim() != 2 or payloads.shape[0] < 1:
+        raise ValueError(f"{op}: payloads must be [k, m] with k >= 1, not {list(payloads.shape)}.")
+    k, m = payloads.shape
+    device = _check(op, "payloads", payloads, _PAYLOAD_DTYPES, k * m, payloads.device)
+    _check(op, "residual", residual, (torch.float32,), m, device)
+    _check(op, "out_payload", out_payload, (payloads.dtype,), m, device)
+    if payloads.dtype == torch.int8:
+        _check(op, "in_scales", in_scales, (torch.float32,), k * _blocks(m, block), device)
+        _check(op, "out_scales", out_scales, (torch.float32,), _blocks(m, block), device)
+    flag, own = _flag(op, flag, device)
+    _backend().reduce_compress_ef_(payloads, residual, out_payload, float(weight), in_scales, out_scales,
+                                   int(block), flag)
+    return bool(flag.item()) if own else None
+
+
 def _check(op: str, name: str, t: torch.Tensor | None, dtypes: tuple, numel: int,
            device: torch.device) -> torch.device:
     """ValueError, in one sentence, unless t is a contiguous CUDA tensor as the kernels need."""
@@ -213,6 +235,9 @@ class _Extension:
     def decompress_sum_(self, payloads, out, inv_n, scales, block, flag):
         self.ops.decompress_sum_(payloads, out, inv_n, scales, block, flag)
 
+    def reduce_compress_ef_(self, payloads, residual, out_payload, weight, in_scales, out_scales, block, flag):
+        self.ops.reduce_compress_ef_(payloads, residual, out_payload, weight, in_scales, out_scales, block, flag)
+
 
 class _Cupy:
     """compress.cuh compiled by NVRTC through cupy; launches mirror csrc/cuda/compress.cu."""
@@ -267,6 +292,16 @@ class _Cupy:
         else:
             args = (payloads, np.int32(k), np.int64(m), out, np.float32(inv_n), flag)
         self._launch(name, m, _ceil_div(m, THREADS), THREADS, args)  # one thread per element
+
+    def reduce_compress_ef_(self, payloads, residual, out_payload, weight, in_scales, out_scales, block, flag):
+        (k, m), np = payloads.shape, self.numpy
+        name = f"tv_reduce_compress_ef_{self._KERNELS[payloads.dtype]}_kernel"
+        if payloads.dtype == torch.int8:  # one CTA per block, as compress_ef_
+            self._launch_quant(name, m, block, payloads, in_scales, np.int32(k), np.int64(m), residual, out_payload,
+                               out_scales, np.float32(weight), np.int32(block), flag)
+        else:  # one thread per element, as decompress_sum_
+            args = (payloads, np.int32(k), np.int64(m), residual, out_payload, np.float32(weight), flag)
+            self._launch(name, m, _ceil_div(m, THREADS), THREADS, args)
 
     # -- launch plumbing: the same grids as csrc/cuda/compress.cu -----------------------------
 

@@ -12,7 +12,7 @@ import sys
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-OPS = ("compress_ef_", "decompress_avg_", "decompress_sum_")
+OPS = ("compress_ef_", "decompress_avg_", "decompress_sum_", "reduce_compress_ef_")
 
 
 def meta_arguments(n: int = 1000, block: int = 256) -> dict:
@@ -27,6 +27,9 @@ def meta_arguments(n: int = 1000, block: int = 256) -> dict:
                             flag),
         "decompress_sum_": (torch.empty(3, n, dtype=torch.int8, **meta), torch.empty(n, **meta), 1.0 / 3,
                             torch.empty(3, blocks, **meta), block, flag),
+        "reduce_compress_ef_": (torch.empty(3, n, dtype=torch.int8, **meta), torch.empty(n, **meta),
+                                torch.empty(n, dtype=torch.int8, **meta), 1.0 / 3, torch.empty(3, blocks, **meta),
+                                torch.empty(blocks, **meta), block, flag),
     }
 
 
@@ -56,6 +59,13 @@ def main(library: str) -> None:
         report["sum_short_scales"] = "accepted"
     except RuntimeError as e:
         report["sum_short_scales"] = str(e).splitlines()[0]
+    # reduce_compress_ef_'s out_scales: one block short is refused.
+    payloads, residual, out_payload, weight, in_scales, out_scales, block, flag = arguments["reduce_compress_ef_"]
+    try:
+        ops.reduce_compress_ef_(payloads, residual, out_payload, weight, in_scales, out_scales[:-1], block, flag)
+        report["owner_short_scales"] = "accepted"
+    except RuntimeError as e:
+        report["owner_short_scales"] = str(e).splitlines()[0]
 
     # Tracing, as torch.compile's front end does: the ops appear in the graph, in place.
     def step(grad, residual, payload, scales, flag):

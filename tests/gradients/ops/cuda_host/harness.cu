@@ -127,4 +127,29 @@ int host_decompress_sum_i8(const signed char* q, const float* scales, int k, lon
   return bad;
 }
 
+// reduce_compress_ef_, 16-bit: the kernels' own element function (reduce_compress_one).
+int host_reduce_compress_ef_16bit(int codec, const unsigned short* payloads, int k, long long m,
+                                  float* residual, unsigned short* out, float weight) {
+  bool bad = false;
+  for (long long i = 0; i < m; ++i)
+    residual[i] = codec == FP16
+        ? tv::reduce_compress_one<tv::Half>(tv::Rows16bit<tv::Half>{payloads, m}, k, i, weight,
+                                            residual[i], out[i], bad)
+        : tv::reduce_compress_one<tv::BFloat16>(tv::Rows16bit<tv::BFloat16>{payloads, m}, k, i,
+                                                weight, residual[i], out[i], bad);
+  return bad;
+}
+
+// reduce_compress_ef_, int8: the sum the kernel's sum_copies makes (decompress_sum_'s, inv_n = 1:
+// the same add_rn / dequantize_one / average_one steps), then compress_ef_'s block rule on it.
+int host_reduce_compress_ef_i8(const signed char* q, const float* in_scales, int k, long long m,
+                               float* residual, signed char* out, float* out_scales, float weight,
+                               int block) {
+  float* total = new float[m > 0 ? m : 1];
+  host_decompress_sum_i8(q, in_scales, k, m, total, 1.0f, block);
+  const int bad = host_compress_ef_i8(total, residual, out, out_scales, weight, m, block);
+  delete[] total;
+  return bad;
+}
+
 }  // extern "C"
