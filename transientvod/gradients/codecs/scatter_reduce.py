@@ -9,9 +9,10 @@ an owner's scales are its own). One step of one bucket, on every rank:
    one byte buffer (`packing.py`: one collective per phase, not two, since on a slow link
    each costs a round of latency); fp16 and bf16 send the payload alone, whose Inf and NaN
    say for themselves what a flag would (`framing.py`);
-2. own: the owner decodes the N copies of its shard it received and sums them in fp32, in
-   one fused pass (`ops.decompress_sum_`, so nothing is added in fp16 or bf16 and nothing
-   overflows there), then re-encodes the average with *its own* residual: what the second
+2. own: the owner decodes the N copies of its shard it received, sums them in fp32 (so
+   nothing is added in fp16 or bf16 and nothing overflows there) and re-encodes the average
+   with *its own* residual, all in one fused pass (`ops.reduce_compress_ef_`: the bits of
+   `decompress_sum_` then `compress_ef_`, without the fp32 sum in memory): what the second
    rounding drops is sent at the next step, not lost (without it, int8 delivered 4 % of a
    small steady gradient: tests/gradients/test_exchange.py). An int8 owner's flag is the max of those it
    received and its own; alltoall again: the owner's shard (with its scales and flag, int8),
@@ -154,16 +155,15 @@ class ScatterReduce:
         # -- phase 2: the owner sums in fp32 and re-encodes with its own residual ---------------
         senders = framing.at_owner(incoming)
         mine, my_scales = layout.elements[rank], layout.scales[rank]
-        total = torch.empty(mine, dtype=torch.float32, device=device)
         reduced = torch.empty(mine, dtype=fmt.payload, device=device)
         reduced_scales = torch.empty(my_scales, dtype=torch.float32, device=device) if fmt.scaled else None
         owner_bad = _no_nonfinite_yet(device)
         if mine:
             # One pass: the N copies decoded and added in fp32, in rank order, so every owner adds
-            # alike. A non-finite sum also makes the re-encoding's payload non-finite.
-            ops.decompress_sum_(senders.payload, total, 1.0, scales=senders.scales, block=block, flag=owner_bad)
-            ops.compress_ef_(total, self._owner_residual(mine), reduced, 1.0 / world,
-                             scales=reduced_scales, block=block, flag=owner_bad)
+            # alike, then re-encoded; a non-finite sum makes the re-encoded payload non-finite.
+            ops.reduce_compress_ef_(senders.payload, self._owner_residual(mine), reduced, 1.0 / world,
+                                    in_scales=senders.scales, out_scales=reduced_scales, block=block,
+                                    flag=owner_bad)
         outgoing, splits = framing.to_everyone(reduced, reduced_scales, owner_bad, senders)
         (from_owners, _), = yield [wire.alltoall(outgoing, splits, name + ".owners")]
 
