@@ -11,10 +11,14 @@ ideal bytes (each array read or written once, as the op needs it; write-allocate
 counted): compress fp16/bf16 14 B per element (grad 4 + residual 4 in, payload 2 + residual 4
 out), int8 13 B + 4 per block, decompress fp16/bf16 6 B, int8 5 B, decompress_sum_ of k = 3
 copies of m elements k * 2 + 4 = 10 B per summed element (int8: k * 1 + 4 = 7 B, and k * 4 per
+block), reduce_compress_ef_ (the owner's sum re-encoded: k copies in, residual 4 in and 4 out,
+payload out) k * 2 + 10 = 16 B per summed element (int8: k * 1 + 9 = 12 B, and (k + 1) * 4 per
 block), the triad 12 B, a copy 8 B. "eager" is the same math as separate PyTorch ops
 (mul, add, to(fp16), to(fp32), sub: a temporary per op and no non-finite check); for int8 it
 is the plain-PyTorch reference; for decompress_sum_ it is what the op replaced, a
-decompress_avg_ (fused) of each copy into a scratch row added to a zeroed total. The reps of
+decompress_avg_ (fused) of each copy into a scratch row added to a zeroed total; for
+reduce_compress_ef_ the two fused ops it replaced, decompress_sum_ into an fp32 total, then
+compress_ef_ of it (10 + 14 = 24 B per summed element for fp16, 7 + 13 = 20 B for int8). The reps of
 all variants of one row are interleaved and the best of each is kept, so a noisy neighbour on
 the machine slows them alike.
 
@@ -138,6 +142,7 @@ def measure(n: int, device: torch.device, reps: int, triad) -> list[dict]:
     del grad, residual, out
 
     rows += measure_sum(n, device, reps, timer, gen)
+    rows += measure_owner(n, device, reps, timer, gen)
     for row in rows:
         row["n"], row["gbs"] = n, row["bytes"] * n / row["fused"] / 1e9
         row["yard"], row["yard_name"], row["yard_gbs"] = row["gbs"] / yard_gbs, yard_name, yard_gbs
@@ -170,6 +175,41 @@ def measure_sum(n: int, device: torch.device, reps: int, timer: Timer, gen: torc
         t = timer.best({"fused": lambda: ops.decompress_sum_(payloads, total, 1.0, scales=scales, block=BLOCK),
                         "eager": lambda: composed_sum(payloads, total, copy, scales)}, reps)
         rows.append({"op": f"decompress_sum_ {name} k={RANKS}", "bytes": (RANKS * payload_bytes + 4) / RANKS, **t})
+    return rows
+
+
+def owner_copies(dtype: torch.dtype, m: int, device: torch.device, gen: torch.Generator):
+    """RANKS copies of m elements as an owner receives them: payloads [RANKS, m], (int8) scales
+    [RANKS, ceil(m / BLOCK)], and the bytes of one payload element (int8: with its share of a scale)."""
+    if dtype == torch.int8:
+        payloads = torch.randint(-127, 128, (RANKS, m), dtype=torch.int8, generator=gen).to(device)
+        return payloads, torch.rand(RANKS, reference.nblocks(m, BLOCK), generator=gen).to(device), 1 + 4 / BLOCK
+    return torch.randn(RANKS, m, generator=gen).to(dtype).to(device), None, 2
+
+
+def measure_owner(n: int, device: torch.device, reps: int, timer: Timer, gen: torch.Generator) -> list[dict]:
+    """reduce_compress_ef_ of RANKS copies of m = n // RANKS elements (as measure_sum) with a
+    residual, against decompress_sum_ + compress_ef_, fp16 and int8. Bytes per payload element
+    (n = RANKS * m): RANKS * m payload elements in, m residuals in and out, m payloads out."""
+    m = n // RANKS
+    residual, total = (torch.randn(m, generator=gen) * 1e-3).to(device), torch.empty(m, device=device)
+    rows = []
+    for dtype, name in ((torch.float16, "fp16"), (torch.int8, "int8")):
+        payloads, scales, payload_bytes = owner_copies(dtype, m, device, gen)
+        out = torch.empty(m, dtype=dtype, device=device)
+        out_scales = torch.empty(reference.nblocks(m, BLOCK), device=device) if dtype == torch.int8 else None
+
+        def fused():
+            ops.reduce_compress_ef_(payloads, residual, out, 1 / RANKS, in_scales=scales, out_scales=out_scales,
+                                    block=BLOCK)
+
+        def two_ops():
+            ops.decompress_sum_(payloads, total, 1.0, scales=scales, block=BLOCK)
+            ops.compress_ef_(total, residual, out, 1 / RANKS, scales=out_scales, block=BLOCK)
+
+        t = timer.best({"fused": fused, "eager": two_ops}, reps)
+        rows.append({"op": f"reduce_compress_ef_ {name} k={RANKS}",
+                     "bytes": (RANKS * payload_bytes + 8 + payload_bytes) / RANKS, **t})
     return rows
 
 
