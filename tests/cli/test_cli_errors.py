@@ -80,6 +80,8 @@ def test_doctor_names_the_backend_of_each_op():
     done = subprocess.run(TRANSIENTVOD + ["doctor"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert "compress_ef_" in done.stdout and "-> numba" in done.stdout
+    for name in ("compress_ef_", "decompress_avg_", "decompress_sum_", "reduce_compress_ef_"):
+        assert f"  {name} " in done.stdout, f"doctor does not name {name}:\n{done.stdout}"
 
 
 @pytest.mark.parametrize("value, fragment", [("cuda", "CUDA is not available"), ("bogus", "names no kernel backend")])

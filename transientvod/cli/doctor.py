@@ -17,7 +17,7 @@ def cmd_doctor(args) -> int:
     from transientvod.gradients import ops
 
     devices = [torch.device("cpu")] + ([torch.device("cuda", 0)] if torch.cuda.is_available() else [])
-    ops_names = ("compress_ef_", "decompress_avg_", "decompress_sum_")
+    ops_names = ("compress_ef_", "decompress_avg_", "decompress_sum_", "reduce_compress_ef_")
     print(f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}); "
           f"{ops.KERNELS_ENV}={os.environ.get(ops.KERNELS_ENV, '') or '(unset)'}")
     for device in devices:

@@ -10,8 +10,8 @@ any did.
 
 - `Bare` (fp16, bf16): the payload alone. A value that is not finite travels as itself (the
   encoders write Inf or NaN where x was not finite or overflowed), and every pass that reads
-  it says so: the owner's sum (`decompress_sum_`) makes a non-finite sum, its re-encoding a
-  non-finite payload, and every rank's decode (`decompress_avg_`) sets its flag. So no flag
+  it says so: the owner's pass (`reduce_compress_ef_`) makes a non-finite sum, so a
+  non-finite re-encoded payload, and every rank's decode (`decompress_avg_`) sets its flag. So no flag
   needs to travel: the payload's own bytes go to the owners, an owner reads its N copies
   where they arrived, and the owners' shards arrive end to end as the whole bucket. Only the
   owner's copies for every rank are copied (one op).
