@@ -495,6 +495,33 @@ __device__ __forceinline__ float quantize_block(const float x[TV_QUANT_ITEMS],
   return scale;
 }
 
+// compress_ef_'s int8 rule on one block whose x[] (the grad: compress_ef_'s, or the owner's sum
+// of the copies) and r[] (the residual) this thread has loaded: error feedback, the block's
+// scale (to *scale), codes and new residual stored from the block's start. Returns whether one
+// of this thread's real elements (not padding: 0 * an Inf weight is no finding) was not finite;
+// there x becomes 0, so its code and residual are 0.
+__device__ __forceinline__ bool compress_block(float x[TV_QUANT_ITEMS], float r[TV_QUANT_ITEMS],
+                                               float weight, bool vec, int len, float* warp_max,
+                                               float* __restrict__ residual,
+                                               signed char* __restrict__ q,
+                                               float* __restrict__ scale) {
+  bool bad = false;
+  float codes[TV_QUANT_ITEMS];
+#pragma unroll
+  for (int k = 0; k < TV_QUANT_ITEMS; ++k) {
+    x[k] = error_feedback(x[k], weight, r[k]);
+    bad |= !is_finite(x[k]) && item_index(vec, k) < len;
+    x[k] = finite_or_zero(x[k]);
+  }
+  const float s = quantize_block(x, codes, warp_max);
+  if (threadIdx.x == 0) *scale = s;
+#pragma unroll
+  for (int k = 0; k < TV_QUANT_ITEMS; ++k) r[k] = int8_residual(x[k], codes[k], s);
+  store_items(residual, vec, len, r);
+  store_codes(q, vec, len, codes);
+  return bad;
+}
+
 }  // namespace tv
 
 // ---------------------------------------------------------------------------------------------
@@ -547,22 +574,11 @@ tv_compress_ef_i8_kernel(const float* __restrict__ grad, float* __restrict__ res
   for (long long b = blockIdx.x; b < blocks; b += gridDim.x) {
     const long long start = b * block;
     const int len = n - start < block ? (int)(n - start) : block;
-    float x[TV_QUANT_ITEMS], r[TV_QUANT_ITEMS], codes[TV_QUANT_ITEMS];
+    float x[TV_QUANT_ITEMS], r[TV_QUANT_ITEMS];
     tv::load_items(grad + start, vec, len, x);
     tv::load_items(residual + start, vec, len, r);
-#pragma unroll
-    for (int k = 0; k < TV_QUANT_ITEMS; ++k) {
-      x[k] = tv::error_feedback(x[k], weight, r[k]);
-      // code 0 and residual 0 follow from x = 0; padding (0 * an Inf weight) is no finding
-      bad |= !tv::is_finite(x[k]) && tv::item_index(vec, k) < len;
-      x[k] = tv::finite_or_zero(x[k]);
-    }
-    const float scale = tv::quantize_block(x, codes, warp_max);
-    if (threadIdx.x == 0) scales[b] = scale;
-#pragma unroll
-    for (int k = 0; k < TV_QUANT_ITEMS; ++k) r[k] = tv::int8_residual(x[k], codes[k], scale);
-    tv::store_items(residual + start, vec, len, r);
-    tv::store_codes(q + start, vec, len, codes);
+    bad |= tv::compress_block(x, r, weight, vec, len, warp_max, residual + start, q + start,
+                              scales + b);
   }
   tv::report_nonfinite(bad, flag);
 }
@@ -648,21 +664,12 @@ tv_reduce_compress_ef_i8_kernel(const signed char* __restrict__ q,
   for (long long b = blockIdx.x; b < blocks; b += gridDim.x) {
     const long long start = b * block;
     const int len = m - start < block ? (int)(m - start) : block;
-    float x[TV_QUANT_ITEMS], r[TV_QUANT_ITEMS], codes[TV_QUANT_ITEMS];
+    float x[TV_QUANT_ITEMS], r[TV_QUANT_ITEMS];
     tv::sum_copies(q + start, in_scales + b, k, m, blocks, vec, len, x);
     tv::load_items(residual + start, vec, len, r);
-#pragma unroll
-    for (int j = 0; j < TV_QUANT_ITEMS; ++j) {
-      x[j] = tv::error_feedback(x[j], weight, r[j]);  // compress_ef_ from here, the sum its grad
-      bad |= !tv::is_finite(x[j]) && tv::item_index(vec, j) < len;
-      x[j] = tv::finite_or_zero(x[j]);
-    }
-    const float scale = tv::quantize_block(x, codes, warp_max);
-    if (threadIdx.x == 0) out_scales[b] = scale;
-#pragma unroll
-    for (int j = 0; j < TV_QUANT_ITEMS; ++j) r[j] = tv::int8_residual(x[j], codes[j], scale);
-    tv::store_items(residual + start, vec, len, r);
-    tv::store_codes(out + start, vec, len, codes);
+    // compress_ef_ from here, the sum its grad
+    bad |= tv::compress_block(x, r, weight, vec, len, warp_max, residual + start, out + start,
+                              out_scales + b);
   }
   tv::report_nonfinite(bad, flag);
 }

@@ -100,10 +100,7 @@ def decompress_sum_(payloads: torch.Tensor, out: torch.Tensor, inv_n: float,
                     flag: torch.Tensor | None = None) -> bool | None:
     """out = (decode(payloads[0]) + ... + decode(payloads[k-1])) * inv_n, rows summed in order."""
     op = "decompress_sum_"
-    if payloads.dim() != 2 or payloads.shape[0] < 1:
-        raise ValueError(f"{op}: payloads must be [k, m] with k >= 1, not {list(payloads.shape)}.")
-    k, m = payloads.shape
-    device = _check(op, "payloads", payloads, _PAYLOAD_DTYPES, k * m, payloads.device)
+    k, m, device = _copies(op, payloads)
     _check(op, "out", out, (torch.float32,), m, device)
     if payloads.dtype == torch.int8:
         _check(op, "scales", scales, (torch.float32,), k * _blocks(m, block), device)
@@ -119,10 +116,7 @@ def reduce_compress_ef_(payloads: torch.Tensor, residual: torch.Tensor, out_payl
     """decompress_sum_(payloads, total, 1.0, in_scales) then compress_ef_(total, residual,
     out_payload, weight, out_scales), in one kernel: the owner's step."""
     op = "reduce_compress_ef_"
-    if payloads.dim() != 2 or payloads.shape[0] < 1:
-        raise ValueError(f"{op}: payloads must be [k, m] with k >= 1, not {list(payloads.shape)}.")
-    k, m = payloads.shape
-    device = _check(op, "payloads", payloads, _PAYLOAD_DTYPES, k * m, payloads.device)
+    k, m, device = _copies(op, payloads)
     _check(op, "residual", residual, (torch.float32,), m, device)
     _check(op, "out_payload", out_payload, (payloads.dtype,), m, device)
     if payloads.dtype == torch.int8:
@@ -132,6 +126,14 @@ def reduce_compress_ef_(payloads: torch.Tensor, residual: torch.Tensor, out_payl
     _backend().reduce_compress_ef_(payloads, residual, out_payload, float(weight), in_scales, out_scales,
                                    int(block), flag)
     return bool(flag.item()) if own else None
+
+
+def _copies(op: str, payloads: torch.Tensor) -> tuple[int, int, torch.device]:
+    """(k, m, device) of the owner's ops' payloads [k, m], checked as the kernels need them."""
+    if payloads.dim() != 2 or payloads.shape[0] < 1:
+        raise ValueError(f"{op}: payloads must be [k, m] with k >= 1, not {list(payloads.shape)}.")
+    k, m = payloads.shape
+    return k, m, _check(op, "payloads", payloads, _PAYLOAD_DTYPES, k * m, payloads.device)
 
 
 def _check(op: str, name: str, t: torch.Tensor | None, dtypes: tuple, numel: int,
